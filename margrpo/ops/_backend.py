@@ -1,0 +1,108 @@
+"""Backend choice for the fused ops: torch (reference), triton, cuda, cpp.
+
+`auto` (the default, or env MARGRPO_BACKEND) picks triton, else cuda, on CUDA tensors and cpp, else
+torch, on CPU tensors. Triton runs on CPU tensors only under TRITON_INTERPRET=1 (tests).
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import warnings
+
+import torch
+
+BACKENDS = ("torch", "triton", "cuda", "cpp")
+_CHOICES = ("auto",) + BACKENDS
+
+_selected = os.environ.get("MARGRPO_BACKEND", "auto")
+_extension = None
+_extension_error: str | None = None
+
+
+def extension():
+    """The compiled margrpo._C module, or None when it was not built (the reason is warned once)."""
+    global _extension, _extension_error
+    if _extension is None and _extension_error is None:
+        try:
+            from margrpo import _C
+
+            _extension = _C
+        except ImportError as err:
+            _extension_error = str(err)
+            warnings.warn(
+                f"margrpo: the C++/CUDA extension margrpo._C is not available ({err}); "
+                f"available backends: {', '.join(available_backends())}",
+                stacklevel=2,
+            )
+    return _extension
+
+
+def triton_interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _has_triton() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def available_backends() -> list[str]:
+    """The backends this installation can run (on some device)."""
+    names = ["torch"]
+    if _has_triton() and (torch.cuda.is_available() or triton_interpreted()):
+        names.append("triton")
+    ext = _extension if _extension is not None else (None if _extension_error else extension())
+    if ext is not None:
+        if getattr(ext, "with_cuda", False) and torch.cuda.is_available():
+            names.append("cuda")
+        names.append("cpp")
+    return names
+
+
+def set_backend(name: str) -> None:
+    """Select the backend for every op: 'auto' or one of torch, triton, cuda, cpp."""
+    global _selected
+    if name not in _CHOICES:
+        raise ValueError(f"backend: got {name!r}, expected one of {', '.join(_CHOICES)}")
+    _selected = name
+
+
+def get_backend() -> str:
+    return _selected
+
+
+@contextlib.contextmanager
+def use_backend(name: str):
+    """Temporarily select a backend (tests, benchmarks)."""
+    previous = get_backend()
+    set_backend(name)
+    try:
+        yield
+    finally:
+        set_backend(previous)
+
+
+def _runs_on(name: str, device: torch.device) -> bool:
+    if name == "torch":
+        return True
+    if name == "triton":
+        return _has_triton() and (device.type == "cuda" or (device.type == "cpu" and triton_interpreted()))
+    ext = extension()
+    if ext is None:
+        return False
+    if name == "cpp":
+        return device.type == "cpu"
+    return device.type == "cuda" and bool(getattr(ext, "with_cuda", False))  # cuda
+
+
+def resolve(device: torch.device, op: str) -> str:
+    """The backend that runs `op` on tensors of `device` under the current selection."""
+    if _selected == "auto":
+        order = ("triton", "cuda", "torch") if device.type == "cuda" else ("cpp", "torch")
+        return next(name for name in order if _runs_on(name, device))
+    if not _runs_on(_selected, device):
+        raise RuntimeError(
+            f"{op}: backend {_selected!r} cannot run on {device.type} tensors here "
+            f"(available: {', '.join(available_backends())})"
+        )
+    return _selected

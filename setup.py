@@ -1,0 +1,58 @@
+"""Builds margrpo._C from csrc/: C++ CPU kernels always, CUDA kernels when torch has CUDA and nvcc.
+
+Environment:
+  MARGRPO_BUILD_CUDA=0/1   force the CUDA part off/on (default: on when torch.version.cuda and nvcc exist)
+  MARGRPO_NO_EXTENSION=1   skip the extension entirely (pure Python install; torch/triton backends only)
+  TORCH_CUDA_ARCH_LIST     defaults to "9.0" (Hopper) when no GPU is visible
+"""
+import glob
+import os
+import shutil
+
+from setuptools import find_packages, setup
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+PACKAGES = find_packages(include=["margrpo", "margrpo.*"]) + ["margrpo.kernels"]
+PACKAGE_DIR = {"margrpo.kernels": "kernels"}
+
+
+def _want_cuda(torch_module) -> bool:
+    flag = os.environ.get("MARGRPO_BUILD_CUDA")
+    if flag is not None:
+        return flag == "1"
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    return torch_module.version.cuda is not None and (CUDA_HOME is not None or shutil.which("nvcc") is not None)
+
+
+def _extensions():
+    if os.environ.get("MARGRPO_NO_EXTENSION") == "1":
+        return [], {}
+    import torch
+    from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
+
+    cpp_sources = sorted(glob.glob(os.path.join("csrc", "*.cpp")))
+    cu_sources = sorted(glob.glob(os.path.join("csrc", "*.cu")))
+    cxx_flags = ["-O3", "-fopenmp", "-std=c++20"]
+    link_flags = ["-fopenmp"]
+    if _want_cuda(torch) and cu_sources:
+        if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():
+            os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0"  # no GPU visible: build for Hopper
+        # the local toolkit may lack cuBLAS headers that torch includes; the pip CUDA wheels carry them
+        nvidia_include = os.path.join(os.path.dirname(torch.__file__), "..", "nvidia", "cu13", "include")
+        include_dirs = [os.path.abspath(nvidia_include)] if os.path.isdir(nvidia_include) else []
+        ext = CUDAExtension(
+            "margrpo._C",
+            cpp_sources + cu_sources,
+            include_dirs=include_dirs,
+            define_macros=[("MARGRPO_WITH_CUDA", "1")],
+            extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "--use_fast_math", "-std=c++20"]},
+            extra_link_args=link_flags,
+        )
+    else:
+        ext = CppExtension("margrpo._C", cpp_sources, extra_compile_args=cxx_flags, extra_link_args=link_flags)
+    return [ext], {"build_ext": BuildExtension.with_options(use_ninja=True)}
+
+
+ext_modules, cmdclass = _extensions()
+setup(packages=PACKAGES, package_dir=PACKAGE_DIR, ext_modules=ext_modules, cmdclass=cmdclass)
