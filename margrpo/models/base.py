@@ -1,0 +1,67 @@
+"""The protocol every MAR backbone implements so the shared rollout loop and trainer can drive it.
+
+A MAR backbone turns a prompt and a partially known token canvas into one condition vector z per
+token position; its diffusion head (margrpo.heads) turns z into token values. The rollout loop owns
+the mask schedule, order, CFG and recording; the backbone owns text encoding, the transformer and
+decoding tokens to pixels.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+
+@dataclass
+class PromptBatch:
+    """Encoded prompts: embeds [B, L, D] and a bool mask [B, L] (True = real token)."""
+
+    embeds: torch.Tensor
+    mask: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.embeds.shape[0]
+
+    def cat(self, other: "PromptBatch") -> "PromptBatch":
+        """Rows of self then rows of other (e.g. [cond; uncond] for CFG), padded to the longer L."""
+        length = max(self.embeds.shape[1], other.embeds.shape[1])
+        a, b = self.padded(length), other.padded(length)
+        return PromptBatch(torch.cat([a.embeds, b.embeds]), torch.cat([a.mask, b.mask]))
+
+    def padded(self, length: int) -> "PromptBatch":
+        extra = length - self.embeds.shape[1]
+        if extra <= 0:
+            return self
+        embeds = torch.nn.functional.pad(self.embeds, (0, 0, 0, extra))
+        mask = torch.nn.functional.pad(self.mask, (0, extra), value=False)
+        return PromptBatch(embeds, mask)
+
+    def repeat_interleave(self, n: int) -> "PromptBatch":
+        return PromptBatch(self.embeds.repeat_interleave(n, 0), self.mask.repeat_interleave(n, 0))
+
+
+@runtime_checkable
+class MARBackbone(Protocol):
+    """What the rollout loop and trainer need from a model. Implementations are nn.Modules."""
+
+    num_tokens: int  # N: token positions per image
+    token_channels: int  # C: channels per token (the head's data width)
+    head: nn.Module  # the diffusion head (margrpo.heads), frozen during GRPO by default
+
+    def encode_prompts(self, prompts: list[str]) -> PromptBatch:
+        """Text -> PromptBatch. Unknown words / empty prompts raise ValueError naming them."""
+
+    def negative_prompt(self) -> str:
+        """The unconditional prompt used for CFG ("" for NOVA, "Generate an image." for Harmon)."""
+
+    def forward_z(self, prompts: PromptBatch, canvas: torch.Tensor, known: torch.Tensor) -> torch.Tensor:
+        """canvas [B, N, C] (values at known positions; anything elsewhere), known bool [B, N]
+        -> z [B, N, Dz], the head's condition for every position."""
+
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [B, N, C] -> images float [B, 3, H, W] in [0, 1]."""
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """Parameters GRPO updates by default (the head excluded: it is frozen)."""
