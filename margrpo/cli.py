@@ -1,0 +1,40 @@
+"""The `margrpo` command: one subcommand per job, each implemented by a module's main(argv)."""
+from __future__ import annotations
+
+import importlib
+import sys
+
+# subcommand -> (module with main(argv), one-line help)
+COMMANDS = {
+    "train": ("margrpo.train.trainer", "GRPO training: margrpo train --config configs/shapes-tiny.yaml [key=value ...]"),
+    "pretrain": ("margrpo.train.pretrain", "pretrain the tiny ShapesWorld MAR model"),
+    "sample": ("margrpo.sample", "generate PNG grids: --config FILE --prompts FILE --out DIR"),
+    "eval": ("margrpo.train.evaluate", "held-out reward of a checkpoint"),
+    "ablate": ("margrpo.train.ablate", "run the ablation presets over seeds and print the table"),
+    "bench": ("margrpo.bench.cli", "benchmarks: margrpo bench ops|denoise|rollout|rewards"),
+    "serve-reward": ("margrpo.rewards.server", "serve a reward model over HTTP"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: margrpo <command> [args]", "", "commands:"]
+    lines += [f"  {name:<13} {help_}" for name, (_, help_) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"margrpo: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[name][0])
+    result = module.main(rest)
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
