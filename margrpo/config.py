@@ -1,0 +1,147 @@
+"""Typed configuration: dataclasses filled from YAML mappings and `key=value` overrides.
+
+An unknown key or a value of the wrong type is an error that names the key (with its dotted path)
+and lists close matches, so a typo never silently falls back to a default.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A configuration key or value that does not fit the typed schema."""
+
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp, path: str):
+    """Check `value` against the annotation `tp` (converting int -> float and YAML strings where safe)."""
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _coerce(value, option, path)
+            except ConfigError as err:
+                errors.append(str(err))
+        raise ConfigError(f"{path}: got {value!r}, expected {_type_name(tp)}")
+    if origin is typing.Literal:
+        if value not in typing.get_args(tp):
+            choices = ", ".join(repr(a) for a in typing.get_args(tp))
+            raise ConfigError(f"{path}: got {value!r}, expected one of {choices}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: got {type(value).__name__} {value!r}, expected a mapping for {tp.__name__}")
+        return from_dict(tp, value, path)
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{path}: got {value!r}, expected a list")
+        (item,) = typing.get_args(tp)[:1] or (Any,)
+        items = [_coerce(v, item, f"{path}[{i}]") for i, v in enumerate(value)]
+        return items if origin is list else tuple(items)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: got {value!r}, expected a mapping")
+        _, val_tp = typing.get_args(tp) or (Any, Any)
+        return {str(k): _coerce(v, val_tp, f"{path}.{k}") for k, v in value.items()}
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{path}: got {value!r}, expected true or false")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{path}: got {value!r}, expected an integer")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{path}: got {value!r}, expected a number")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{path}: got {value!r}, expected a string")
+    return value
+
+
+def from_dict(cls: type[T], data: dict, path: str = "") -> T:
+    """Build dataclass `cls` from a mapping, checking every key and value."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    kwargs = {}
+    for key, value in data.items():
+        where = f"{path}.{key}" if path else str(key)
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=3, cutoff=0.5)
+            hint = f"; did you mean {', '.join(close)}?" if close else f"; valid keys: {', '.join(fields)}"
+            raise ConfigError(f"unknown config key {where!r}{hint}")
+        kwargs[key] = _coerce(value, hints[key], where)
+    try:
+        obj = cls(**kwargs)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{path or cls.__name__}: {err}") from err
+    return obj
+
+
+def to_dict(obj) -> dict:
+    return dataclasses.asdict(obj)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """'optim.lr=1e-5' -> (['optim', 'lr'], 1e-05); the value is parsed as YAML (numbers, bools, lists)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r}: expected key=value (e.g. optim.lr=1e-5)")
+    key, raw = text.split("=", 1)
+    value = yaml.safe_load(raw) if raw.strip() else ""
+    if isinstance(value, str):  # YAML reads '1e-5' as a string; numbers are what users mean
+        try:
+            value = float(value) if any(c in value for c in ".eE") else int(value)
+        except ValueError:
+            pass
+    return key.strip().split("."), value
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Set dotted keys in a nested mapping (a copy); unknown keys are caught later by from_dict."""
+    import copy
+
+    data = copy.deepcopy(data)
+    for text in overrides:
+        keys, value = parse_override(text)
+        node = data
+        for key in keys[:-1]:
+            node = node.setdefault(key, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {text!r}: {key!r} is not a section")
+        node[keys[-1]] = value
+    return data
+
+
+def load_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file not found: {path}")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections at the top level, got {type(data).__name__}")
+    return data
