@@ -1,0 +1,1 @@
+"""Benchmark suites of margrpo (`margrpo bench <suite>`): each module has main(argv) and prints a table."""
