@@ -1,0 +1,71 @@
+"""RolloutConfig: every knob of the MAR generation loop and of what it records (typed, validated)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+from .schedule import SCHEDULES
+
+
+@dataclass
+class RolloutConfig:
+    """Generation and recording settings.
+
+    Generation: `num_mask_steps` S with the `schedule` variant; classifier-free guidance with
+    `cfg_scale` (1.0 = off; 0 = unconditional), `cfg_schedule` "constant" or "linear" (MUSE/MAR:
+    1 + (scale - 1) * revealed_after_step / N), `cfg_channels` "all" (NOVA) or "eps" (Harmon: guide
+    only the first C output channels, variance from the conditional half), `negative_prompt`
+    (None = the backbone's); `temperature` multiplies every diffusion step's std.
+
+    Multi-trajectory expectation: `num_seeds` K extra diffusion trajectories per denoised token,
+    sampled under the same z as the main one (trajectory 0) in one batched head pass.
+
+    Recording for the likelihood: `record_mask_steps` effective mask steps and, in each,
+    `record_diffusion_steps` stochastic diffusion steps, drawn before the rollout.
+    `likelihood_positions` says which tokens of a recorded mask step enter the likelihood:
+    "revealed" (default: the tokens actually sampled into the image at that step, an exact policy
+    gradient) or "unknown" (the paper / reference code: every position still masked before the
+    step; the head also samples the positions that stay masked, their samples are discarded from the
+    image but their transitions are recorded, and the per-step predicted clean latents needed by
+    consistency-aware selection are recorded; costs roughly N / n_i more head work at those steps).
+    """
+
+    num_mask_steps: int = 64
+    schedule: Literal["nova", "harmon"] = "nova"
+    cfg_scale: float = 1.0
+    cfg_schedule: Literal["constant", "linear"] = "constant"
+    cfg_channels: Literal["all", "eps"] = "all"
+    negative_prompt: Optional[str] = None
+    temperature: float = 1.0
+    num_seeds: int = 0
+    record_mask_steps: int = 12
+    record_diffusion_steps: int = 10
+    likelihood_positions: Literal["revealed", "unknown"] = "revealed"
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, name: str, expected: str) -> None:
+            if not ok:
+                raise ValueError(f"{name}: got {getattr(self, name)!r}, expected {expected}")
+
+        need(isinstance(self.num_mask_steps, int) and self.num_mask_steps >= 1, "num_mask_steps", "an integer >= 1")
+        need(self.schedule in SCHEDULES, "schedule", f"one of {', '.join(SCHEDULES)}")
+        need(isinstance(self.cfg_scale, (int, float)) and self.cfg_scale >= 0, "cfg_scale", "a number >= 0")
+        need(self.cfg_schedule in ("constant", "linear"), "cfg_schedule", "'constant' or 'linear'")
+        need(self.cfg_channels in ("all", "eps"), "cfg_channels", "'all' or 'eps'")
+        need(self.negative_prompt is None or isinstance(self.negative_prompt, str), "negative_prompt", "a string or None")
+        need(isinstance(self.temperature, (int, float)) and self.temperature > 0, "temperature", "a number > 0")
+        need(isinstance(self.num_seeds, int) and self.num_seeds >= 0, "num_seeds", "an integer >= 0")
+        need(isinstance(self.record_mask_steps, int) and self.record_mask_steps >= 0, "record_mask_steps", "an integer >= 0")
+        need(isinstance(self.record_diffusion_steps, int) and self.record_diffusion_steps >= 1,
+             "record_diffusion_steps", "an integer >= 1")
+        need(self.likelihood_positions in ("revealed", "unknown"), "likelihood_positions", "'revealed' or 'unknown'")
+
+    @property
+    def uses_cfg(self) -> bool:
+        return self.cfg_scale != 1.0
+
+    def cfg_scale_at(self, revealed_after: int, num_tokens: int) -> float:
+        """The guidance scale of a mask step after which `revealed_after` of `num_tokens` are known."""
+        if self.cfg_schedule == "constant":
+            return float(self.cfg_scale)
+        return 1.0 + (self.cfg_scale - 1.0) * revealed_after / num_tokens

@@ -1,0 +1,67 @@
+"""Which transitions a rollout records, chosen BEFORE it runs.
+
+GRPO's likelihood uses a random subset of mask steps (e.g. 12 of 64) and, inside each, a random subset
+of diffusion steps (e.g. 10 of T). Choosing them up front means the rollout stores only those
+transitions (the reference code records everything and subsamples afterwards). Only effective mask
+steps (that reveal tokens) and stochastic diffusion steps (std > 0) can be chosen: a deterministic
+step has no density, and flooring its variance makes its gradient explode (REFERENCE.md section 3).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .schedule import effective_steps
+
+
+@dataclass(frozen=True)
+class RecordPlan:
+    """mask_steps: sorted mask-step indices (into the S-step schedule); diffusion_steps[j]: sorted
+    diffusion-step indices (0 = noisiest) recorded at mask_steps[j], the same count R for every j."""
+
+    mask_steps: tuple[int, ...]
+    diffusion_steps: tuple[tuple[int, ...], ...]
+
+    @property
+    def num_mask_steps(self) -> int:
+        return len(self.mask_steps)
+
+    @property
+    def num_diffusion_steps(self) -> int:
+        return len(self.diffusion_steps[0]) if self.diffusion_steps else 0
+
+
+def stochastic_steps(sampler) -> list[int]:
+    """Diffusion steps of `sampler` with a non-degenerate Gaussian transition (usable in a likelihood)."""
+    return [i for i in range(sampler.num_steps) if not sampler.is_deterministic(i)]
+
+
+def choose_plan(
+    reveal_counts: list[int],
+    sampler,
+    num_mask_steps: int,
+    num_diffusion_steps: int,
+    generator: torch.Generator,
+) -> RecordPlan:
+    """Draw `num_mask_steps` distinct effective mask steps and, for each, `num_diffusion_steps`
+    distinct stochastic diffusion steps, uniformly without replacement (CPU `generator`)."""
+    candidates_mask = effective_steps(reveal_counts)
+    candidates_diff = stochastic_steps(sampler)
+    if not 0 <= num_mask_steps <= len(candidates_mask):
+        raise ValueError(
+            f"record_mask_steps: got {num_mask_steps}, expected 0..{len(candidates_mask)} "
+            f"(the schedule has {len(candidates_mask)} steps that reveal tokens)"
+        )
+    if not 1 <= num_diffusion_steps <= len(candidates_diff):
+        raise ValueError(
+            f"record_diffusion_steps: got {num_diffusion_steps}, expected 1..{len(candidates_diff)} "
+            f"(the sampler has {len(candidates_diff)} stochastic steps of {sampler.num_steps})"
+        )
+    picked = torch.randperm(len(candidates_mask), generator=generator)[:num_mask_steps]
+    mask_steps = tuple(sorted(candidates_mask[i] for i in picked.tolist()))
+    diffusion_steps = tuple(
+        tuple(sorted(candidates_diff[i] for i in torch.randperm(len(candidates_diff), generator=generator)[:num_diffusion_steps].tolist()))
+        for _ in mask_steps
+    )
+    return RecordPlan(mask_steps, diffusion_steps)

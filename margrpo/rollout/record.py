@@ -1,0 +1,200 @@
+"""Rollout: what one MAR generation batch leaves for GRPO training, as batch-first tensors.
+
+Layout of the recorded transitions ("L layout"). A rollout records M mask steps (plan.mask_steps) and
+R diffusion steps inside each (plan.diffusion_steps[j]). At recorded mask step j the likelihood covers
+P_j token positions: the n_j tokens revealed at that step ("revealed" mode) or the u_j positions still
+unknown before it ("unknown" mode; the first n_j of them are the ones committed at that step). The
+flat index over (j, r, p) is
+
+    l = offset_j + r * P_j + p,    offset_j = R * (P_0 + ... + P_{j-1}),    L = R * sum_j P_j,
+
+and T = 1 + K trajectories sit on their own axis (0 = the rollout's own trajectory, 1..K the extra
+seed trajectories sampled under the same z). Every image of a rollout shares the schedule and the
+plan, so P_j and L are the same for all images and no padding is needed.
+
+The pre-step canvas and known mask of a recorded step are not stored: committed tokens never change,
+so they are exactly `where(known, tokens, 0)` with known = the first sum(n_<step) positions of the
+image's order (`canvas_known`). This is the state the backbone saw in the rollout, before the step's
+tokens were written, so the current step's tokens get gradient in training.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from .config import RolloutConfig
+from .plan import RecordPlan
+
+
+@dataclass
+class Rollout:
+    """One generated batch of B images and the transitions GRPO needs.
+
+    Per image:
+      prompts            list[str] (B)
+      seeds              int64 [B]             the per-sample seeds that reproduce the rollout
+      order              int64 [B, N]          generation order (a permutation of 0..N-1)
+      tokens             fp32  [B, N, C]       final tokens (= trajectory 0 of each token's commit step)
+      seed_tokens        fp32  [B, K, N, C]    final clean latents of the K seed trajectories of every
+                                               token at its commit step (uncertainty for MTE top-k)
+      images             fp32  [B, 3, H, W]    backbone.decode(tokens), in [0, 1]
+    Recorded transitions (L layout, see the module docstring), T = K + 1:
+      x_t, x_prev, mean  fp32  [B, T, L, C]    input, output and policy mean of each transition
+      std                fp32  [B, T, L, S]    its std (S = 1 for a per-step std, C per channel)
+      logp               fp32  [B, T, L]       log N(x_prev; mean, std^2) summed over channels
+    Predicted clean latents ("unknown" mode only, else None), for consistency-aware selection:
+      pred_clean         fp32  [B, M, N, C]    at recorded mask step j, the clean latent the head
+                                               sampled (trajectory 0) for every position unknown
+                                               before the step; known positions hold their tokens
+      pred_clean_prev    fp32  [B, M, N, C]    the same at the effective mask step before it (zeros
+                                               when step j is the first effective step)
+      Both use the same per-(image, position, trajectory, diffusion step) noise, so their difference
+      reflects the change of z between the two steps, not fresh noise.
+    Shared by the batch (plain Python): reveal_counts (S ints), plan, cfg_scales (the guidance scale
+    used at each recorded step), config, sampler.
+
+    Memory (bytes; fp32 = 4, int64 = 8; P = sum_j P_j, L = R * P):
+        8 B (1 + N) + 4 B N C (1 + K) + 12 B H W + 4 B (K + 1) L (3 C + S + 1) [+ 8 B M N C unknown mode]
+    `nbytes()` returns the actual count; `footprint(...)` evaluates this formula.
+    """
+
+    prompts: list[str]
+    seeds: torch.Tensor
+    order: torch.Tensor
+    tokens: torch.Tensor
+    seed_tokens: torch.Tensor
+    images: torch.Tensor
+    x_t: torch.Tensor
+    x_prev: torch.Tensor
+    mean: torch.Tensor
+    std: torch.Tensor
+    logp: torch.Tensor
+    pred_clean: Optional[torch.Tensor]
+    pred_clean_prev: Optional[torch.Tensor]
+    reveal_counts: tuple[int, ...]
+    plan: RecordPlan
+    cfg_scales: tuple[float, ...]
+    config: RolloutConfig
+    sampler: Any
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def batch_size(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.tokens.shape[1]
+
+    @property
+    def num_trajectories(self) -> int:
+        return self.x_t.shape[1]
+
+    def step_start(self, j: int) -> int:
+        """Tokens known before recorded mask step j."""
+        return sum(self.reveal_counts[: self.plan.mask_steps[j]])
+
+    def step_revealed(self, j: int) -> int:
+        """n_j: tokens revealed (committed) at recorded mask step j."""
+        return self.reveal_counts[self.plan.mask_steps[j]]
+
+    def step_positions_count(self, j: int) -> int:
+        """P_j: positions of recorded step j in the likelihood."""
+        if self.config.likelihood_positions == "revealed":
+            return self.step_revealed(j)
+        return self.num_tokens - self.step_start(j)
+
+    def l_slice(self, j: int) -> slice:
+        """The slice of the L axis that holds recorded mask step j (its R x P_j transitions)."""
+        R = self.plan.num_diffusion_steps
+        start = R * sum(self.step_positions_count(i) for i in range(j))
+        return slice(start, start + R * self.step_positions_count(j))
+
+    # ------------------------------------------------------------------ derived per-step state
+    def positions(self, j: int) -> torch.Tensor:
+        """int64 [B, P_j]: the token positions of recorded step j, committed ones first."""
+        start = self.step_start(j)
+        return self.order[:, start : start + self.step_positions_count(j)]
+
+    def canvas_known(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(canvas [B, N, C], known bool [B, N]) the backbone saw before recorded mask step j."""
+        known = torch.zeros(self.order.shape, dtype=torch.bool, device=self.order.device)
+        known.scatter_(1, self.order[:, : self.step_start(j)], True)
+        canvas = torch.where(known[..., None], self.tokens, torch.zeros((), dtype=self.tokens.dtype, device=self.tokens.device))
+        return canvas, known
+
+    def l_positions(self) -> torch.Tensor:
+        """int64 [B, L]: the token position of every recorded transition."""
+        R = self.plan.num_diffusion_steps
+        parts = [self.positions(j).repeat(1, R) for j in range(self.plan.num_mask_steps)]
+        return torch.cat(parts, 1) if parts else self.order.new_zeros(self.batch_size, 0)
+
+    def l_step(self) -> torch.Tensor:
+        """int64 [L]: the recorded mask-step index j of every transition."""
+        sizes = [self.l_slice(j).stop - self.l_slice(j).start for j in range(self.plan.num_mask_steps)]
+        return torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes, dtype=torch.long)).to(self.order.device)
+
+    def l_committed(self) -> torch.Tensor:
+        """bool [L]: True where the transition's token was committed at its mask step (all True in
+        "revealed" mode)."""
+        parts = []
+        for j in range(self.plan.num_mask_steps):
+            slot = torch.arange(self.step_positions_count(j), device=self.order.device) < self.step_revealed(j)
+            parts.append(slot.repeat(self.plan.num_diffusion_steps))
+        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.bool, device=self.order.device)
+
+    def expand_to_l(self, values: torch.Tensor) -> torch.Tensor:
+        """Per-position values [B, N, ...] or per-recorded-step values [B, M, N, ...] -> [B, L, ...]
+        (e.g. an MTE top-k mask [B, N] or a consistency mask [B, M, N] as token weights of logp)."""
+        B, N, M = self.batch_size, self.num_tokens, self.plan.num_mask_steps
+        if values.shape[:2] == (B, N):
+            per_step = [values] * M
+        elif values.dim() >= 3 and values.shape[:3] == (B, M, N):
+            per_step = list(values.unbind(1))
+        else:
+            raise ValueError(f"values: got shape {tuple(values.shape)}, expected [B={B}, N={N}, ...] or [B, M={M}, N, ...]")
+        parts = []
+        for j, per_position in enumerate(per_step):
+            index = self.positions(j).reshape(B, -1, *([1] * (per_position.dim() - 2)))
+            picked = per_position.gather(1, index.expand(-1, -1, *per_position.shape[2:]))
+            parts.append(picked.repeat(1, self.plan.num_diffusion_steps, *([1] * (per_position.dim() - 2))))
+        return torch.cat(parts, 1) if parts else values.new_zeros(B, 0, *values.shape[2:])
+
+    # ------------------------------------------------------------------ moving and slicing
+    def _tensor_fields(self) -> list[str]:
+        return [f.name for f in dataclasses.fields(self) if isinstance(getattr(self, f.name), torch.Tensor)]
+
+    def to(self, device: torch.device | str) -> "Rollout":
+        """A copy with every tensor on `device`."""
+        return dataclasses.replace(self, **{name: getattr(self, name).to(device) for name in self._tensor_fields()})
+
+    def select(self, index) -> "Rollout":
+        """The images `index` (a slice, a list/tensor of indices or a bool mask over B): minibatching."""
+        if isinstance(index, torch.Tensor) and index.dtype == torch.bool:
+            if index.shape != (self.batch_size,):
+                raise ValueError(f"index: got a bool mask of shape {tuple(index.shape)}, expected ({self.batch_size},)")
+            index = index.nonzero().flatten()
+        if isinstance(index, slice):
+            rows = list(range(self.batch_size))[index]
+        else:
+            rows = [int(i) for i in (index.tolist() if isinstance(index, torch.Tensor) else index)]
+        for i in rows:
+            if not 0 <= i < self.batch_size:
+                raise IndexError(f"index: got {i}, expected indices in [0, {self.batch_size})")
+        rows_t = torch.tensor(rows, dtype=torch.long)
+        fields = {name: getattr(self, name).index_select(0, rows_t.to(getattr(self, name).device)) for name in self._tensor_fields()}
+        return dataclasses.replace(self, prompts=[self.prompts[i] for i in rows], **fields)
+
+    # ------------------------------------------------------------------ memory
+    def nbytes(self) -> int:
+        """Bytes held by this rollout's tensors."""
+        return sum(t.numel() * t.element_size() for t in (getattr(self, n) for n in self._tensor_fields()))
+
+    @staticmethod
+    def footprint(B: int, N: int, C: int, K: int, H: int, W: int, L: int, S: int, M: int, unknown_mode: bool) -> int:
+        """The memory formula of the class docstring, in bytes."""
+        total = 8 * B * (1 + N) + 4 * B * N * C * (1 + K) + 12 * B * H * W + 4 * B * (K + 1) * L * (3 * C + S + 1)
+        return total + (8 * B * M * N * C if unknown_mode else 0)
