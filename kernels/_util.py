@@ -1,0 +1,37 @@
+"""Small helpers shared by the Triton launchers: dtype policy, input checks, block-size rules.
+
+Block sizes are chosen by simple rules instead of @triton.autotune, so the same launchers run under
+TRITON_INTERPRET=1 (where autotune has no driver) and on the GPU without a tuning pass per shape.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+
+from margrpo.ops.reference import acc_dtype
+
+__all__ = ["acc_dtype", "require_contiguous", "warps_for", "programs_block"]
+
+# a tile of this many elements per program keeps register use moderate for fp32 math
+TILE_ELEMENTS = 4096
+
+
+def require_contiguous(name: str, tensor: torch.Tensor, ndim: int) -> None:
+    """Reject layouts the kernels would silently misread (the contract promises contiguous inputs)."""
+    if tensor.dim() != ndim:
+        raise ValueError(f"{name}: expected a {ndim}-D tensor, got shape {tuple(tensor.shape)}")
+    if not tensor.is_contiguous():
+        raise ValueError(f"{name}: expected a contiguous tensor, got strides {tensor.stride()}")
+
+
+def warps_for(tile_elements: int) -> int:
+    """num_warps for a tile: about 8-16 elements per thread, between 1 and 16 warps."""
+    return max(1, min(16, triton.next_power_of_2(tile_elements) // 512))
+
+
+def programs_block(n: int, max_block: int, min_block: int = 128, target_programs: int = 264) -> int:
+    """Power-of-two block over n independent elements: small enough to give about target_programs
+    programs (two per SM of an H200) so the whole GPU streams, but at least min_block for
+    coalescing and at most max_block for registers."""
+    want = triton.next_power_of_2(max(1, triton.cdiv(n, target_programs)))
+    return max(min_block, min(max_block, want))
