@@ -1,0 +1,31 @@
+"""The public fused ops of margrpo (see docs/CONTRACTS.md for the kernel layer beneath them).
+
+Each op validates and normalises its input, picks a backend (torch | triton | cuda | cpp; `auto`
+by default or env MARGRPO_BACKEND) and runs as a torch.library custom op in namespace `margrpo`,
+so it works under torch.compile(fullgraph=True), opcheck and autograd.
+"""
+from . import _backend
+
+# load margrpo._C first: its TORCH_LIBRARY registrations back the cpp/cuda backends (None if not built)
+_backend.extension()
+
+from ._backend import available_backends, get_backend, set_backend, use_backend  # noqa: E402
+from .consistency import consistency_mask  # noqa: E402
+from .gaussian_logprob import gaussian_logprob  # noqa: E402
+from .grpo_surrogate import GRPOLoss, grpo_surrogate  # noqa: E402
+from .topk import topk_indices, topk_mask  # noqa: E402
+from .trajectory_std import trajectory_std  # noqa: E402
+
+__all__ = [
+    "GRPOLoss",
+    "available_backends",
+    "consistency_mask",
+    "gaussian_logprob",
+    "get_backend",
+    "grpo_surrogate",
+    "set_backend",
+    "topk_indices",
+    "topk_mask",
+    "trajectory_std",
+    "use_backend",
+]

@@ -1,0 +1,60 @@
+"""Argument checks shared by the public ops. Each error names the argument, what it received and
+what was expected. Only metadata is checked here (types, shapes, dtypes, devices): value checks
+that need the data (NaN, std <= 0) run inside the custom ops so they cost no graph break."""
+from __future__ import annotations
+
+import torch
+
+
+def float_tensor(name: str, value: object) -> torch.Tensor:
+    """`value` itself, after checking that it is a floating-point tensor."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name}: got {type(value).__name__}, expected a torch.Tensor")
+    if not value.is_floating_point():
+        raise TypeError(f"{name}: got dtype {value.dtype}, expected a floating-point dtype (float16, bfloat16, float32, float64)")
+    return value
+
+
+def ndim(name: str, tensor: torch.Tensor, allowed: tuple[int, ...] | None = None, at_least: int | None = None, layout: str = "") -> None:
+    """Rank check: one of `allowed`, or at least `at_least`. `layout` describes the expected shape."""
+    ok = (allowed is None or tensor.ndim in allowed) and (at_least is None or tensor.ndim >= at_least)
+    if not ok:
+        raise ValueError(f"{name}: got shape {tuple(tensor.shape)} ({tensor.ndim}-d), expected {layout}")
+
+
+def same_shape(name: str, tensor: torch.Tensor, shape: torch.Size | tuple[int, ...], layout: str) -> None:
+    if tuple(tensor.shape) != tuple(shape):
+        raise ValueError(f"{name}: got shape {tuple(tensor.shape)}, expected {tuple(shape)} ({layout})")
+
+
+def same_device(**tensors: torch.Tensor) -> torch.device:
+    """The one device of every named tensor; an error names them all when they disagree."""
+    devices = {name: t.device for name, t in tensors.items()}
+    if len(set(devices.values())) > 1:
+        found = ", ".join(f"{name} on {device}" for name, device in devices.items())
+        raise ValueError(f"{', '.join(devices)}: expected one device, got {found}")
+    return next(iter(devices.values()))
+
+
+def choice(name: str, value: object, options: tuple[str, ...]) -> None:
+    if value not in options:
+        raise ValueError(f"{name}: got {value!r}, expected one of {', '.join(repr(o) for o in options)}")
+
+
+def number(name: str, value: object, low: float | None = None, high: float | None = None) -> float:
+    """A python int/float (not bool) inside [low, high], as float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name}: got {type(value).__name__} {value!r}, expected a python float")
+    if value != value or (low is not None and value < low) or (high is not None and value > high):
+        bounds = f"[{low if low is not None else '-inf'}, {high if high is not None else 'inf'}]"
+        raise ValueError(f"{name}: got {value!r}, expected a number in {bounds}")
+    return float(value)
+
+
+def integer(name: str, value: object, low: int, high: int) -> int:
+    """A python int (not bool) inside [low, high]."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: got {type(value).__name__} {value!r}, expected a python int")
+    if not low <= value <= high:
+        raise ValueError(f"{name}: got {value}, expected an integer in [{low}, {high}]")
+    return value

@@ -1,0 +1,145 @@
+"""grpo_surrogate: the clipped PPO/GRPO policy loss, its statistics and its gradient in one pass.
+
+For every trajectory t, sample b and token l: r = exp(logp - old_logp) (log-ratio clamped to
++-20), term = max(-A_b r, -A_b clamp(r, 1 - clip_eps, 1 + clip_eps_high)). Tokens selected by
+mte_mask average the term over all T trajectories (multi-trajectory expectation); the others use
+trajectory 0 (the rollout's own). The loss is a weighted sum of terms whose weights this module
+builds from the mask and the aggregation. The kernel returns d loss / d logp alongside the loss;
+backward only scales it by the incoming gradient.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from . import _kernels, _validate, reference
+
+_MODULE = "grpo_surrogate"
+_AGGREGATIONS = ("token_mean", "sample_mean")
+
+
+class GRPOLoss(NamedTuple):
+    """0-d tensors; only `loss` is differentiable (with respect to logp)."""
+
+    loss: torch.Tensor
+    clip_fraction: torch.Tensor  # weighted share of terms whose gradient the clip zeroes
+    approx_kl: torch.Tensor  # weighted mean of the k3 estimator (r - 1) - log r
+    ratio_mean: torch.Tensor  # weighted mean ratio (0 when no token is kept)
+    ratio_max: torch.Tensor  # max ratio over kept terms (1 when no token is kept)
+
+
+@torch.library.custom_op("margrpo::grpo_surrogate", mutates_args=())
+def _grpo_surrogate_op(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    weights: torch.Tensor,
+    mte_mask: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    kernel = _kernels.get(backend, _MODULE, "grpo_surrogate_fwd")
+    loss, stats, grad = kernel(logp, old_logp, advantages, weights, mte_mask, clip_low, clip_high)
+    return loss, stats, grad
+
+
+@_grpo_surrogate_op.register_fake
+def _(logp, old_logp, advantages, weights, mte_mask, clip_low, clip_high, backend):
+    dt = reference.acc_dtype(logp.dtype)
+    return logp.new_empty((), dtype=dt), logp.new_empty((4,), dtype=dt), logp.new_empty(logp.shape, dtype=dt)
+
+
+def _setup_context(ctx, inputs, output):
+    loss, stats, grad = output
+    ctx.mark_non_differentiable(stats, grad)
+    ctx.save_for_backward(grad)
+
+
+def _backward(ctx, grad_loss, grad_stats, grad_grad):
+    (grad,) = ctx.saved_tensors
+    return grad * grad_loss, None, None, None, None, None, None, None
+
+
+_grpo_surrogate_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _token_weights(mask: torch.Tensor, aggregation: str, dtype: torch.dtype) -> torch.Tensor:
+    """Normalised token weights [B, L] (sum 1 over the batch, or all 0 when nothing is kept)."""
+    w = mask.to(dtype)
+    if aggregation == "token_mean":
+        total = w.sum()
+        return w / torch.where(total > 0, total, torch.ones_like(total))
+    per_sample = w.sum(1, keepdim=True)
+    kept = per_sample > 0
+    samples_kept = kept.sum().clamp_min(1).to(dtype)
+    return torch.where(kept, w / torch.where(kept, per_sample, torch.ones_like(per_sample)), 0.0) / samples_kept
+
+
+def grpo_surrogate(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_eps: float = 0.2,
+    clip_eps_high: float | None = None,
+    mte_mask: torch.Tensor | None = None,
+    aggregation: str = "token_mean",
+) -> GRPOLoss:
+    """The clipped GRPO policy loss (to minimise) with its diagnostics.
+
+    Args:
+        logp: [B, L] or [T, B, L] per-token log-probs under the current policy (differentiable);
+            with T trajectories, index 0 is the rollout's own and 1.. are extra seed trajectories.
+        old_logp: same shape, the log-probs at rollout time (no gradient).
+        advantages: [B], one advantage per sample.
+        mask: [B, L] bool (kept tokens) or float (non-negative token weights).
+        clip_eps, clip_eps_high: the ratio is clipped to [1 - clip_eps, 1 + clip_eps_high];
+            clip_eps_high defaults to clip_eps (asymmetric "clip-higher" when given).
+        mte_mask: [B, L] bool or None: where True, the token's term is the mean over all T
+            trajectories; elsewhere (and when None) trajectory 0 alone.
+        aggregation: "token_mean": sum(w * term) / sum(w) over the whole batch; "sample_mean":
+            each sample's masked mean, then the mean over samples that keep any token.
+
+    Returns:
+        GRPOLoss of 0-d float32 tensors (float64 for float64 logp); the loss is 0, ratio_mean 0 and
+        ratio_max 1 when no token is kept. Gradients flow to logp only.
+    """
+    logp = _validate.float_tensor("logp", logp)
+    old_logp = _validate.float_tensor("old_logp", old_logp)
+    advantages = _validate.float_tensor("advantages", advantages)
+    _validate.ndim("logp", logp, allowed=(2, 3), layout="[B, L] or [T, B, L]")
+    _validate.same_shape("old_logp", old_logp, logp.shape, "the shape of logp")
+    B, L = logp.shape[-2:]
+    if logp.ndim == 3 and logp.shape[0] == 0:
+        raise ValueError(f"logp: got shape {tuple(logp.shape)}, expected at least one trajectory in dim 0 of [T, B, L]")
+    _validate.same_shape("advantages", advantages, (B,), "[B], one per sample of logp")
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"mask: got {type(mask).__name__}, expected a bool or floating torch.Tensor")
+    if not (mask.dtype == torch.bool or mask.is_floating_point()):
+        raise TypeError(f"mask: got dtype {mask.dtype}, expected bool or a floating-point dtype")
+    _validate.same_shape("mask", mask, (B, L), "[B, L] like the last two dims of logp")
+    if mte_mask is None:
+        mte_mask = torch.zeros((B, L), dtype=torch.bool, device=logp.device)
+    elif not isinstance(mte_mask, torch.Tensor) or mte_mask.dtype != torch.bool:
+        got = mte_mask.dtype if isinstance(mte_mask, torch.Tensor) else type(mte_mask).__name__
+        raise TypeError(f"mte_mask: got {got}, expected a bool torch.Tensor or None")
+    _validate.same_shape("mte_mask", mte_mask, (B, L), "[B, L] like the last two dims of logp")
+    device = _validate.same_device(logp=logp, old_logp=old_logp, advantages=advantages, mask=mask, mte_mask=mte_mask)
+    _validate.choice("aggregation", aggregation, _AGGREGATIONS)
+    clip_low = _validate.number("clip_eps", clip_eps, low=0.0)
+    clip_high = clip_low if clip_eps_high is None else _validate.number("clip_eps_high", clip_eps_high, low=0.0)
+
+    # these tensors are small ([T, B, L]): computing all of them in the accumulation dtype keeps
+    # the kernels to one dtype per call
+    dtype = reference.acc_dtype(torch.promote_types(logp.dtype, old_logp.dtype))
+    logp3 = (logp if logp.ndim == 3 else logp.unsqueeze(0)).to(dtype).contiguous()
+    old3 = (old_logp if old_logp.ndim == 3 else old_logp.unsqueeze(0)).detach().to(dtype).contiguous()
+    weights = _token_weights(mask.detach(), aggregation, dtype).contiguous()
+    # an empty batch: the reference returns the empty result without any kernel launch
+    backend = "torch" if logp3.numel() == 0 else _kernels.pick(device, "grpo_surrogate", _MODULE, "grpo_surrogate_fwd")
+    loss, stats, _ = _grpo_surrogate_op(
+        logp3, old3, advantages.detach().to(dtype).contiguous(), weights, mte_mask.contiguous(), clip_low, clip_high, backend
+    )
+    return GRPOLoss(loss, stats[0], stats[1], stats[2], stats[3])

@@ -1,0 +1,93 @@
+"""topk_mask / topk_indices: the k highest-scoring positions of every row, exactly k per row.
+
+MAR-GRPO applies multi-trajectory expectation only on the k = floor(ratio * N) most uncertain
+positions of each image. Ties are broken toward the lower index, so the choice is deterministic
+and every backend picks the same positions. No gradient (the outputs are indices and masks).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import _kernels, _validate
+
+_MODULE = "topk"
+# ratio * N is computed in binary floating point: 0.29 * 100 gives 28.999999999999996. A relative
+# nudge far below any real fractional part makes floor() return the intended 29.
+_FLOOR_NUDGE = 1e-12
+
+
+def _check_no_nan(scores: torch.Tensor) -> None:
+    nan = int(torch.isnan(scores).sum())
+    if nan:
+        raise ValueError(
+            f"scores: got {nan} NaN values, expected none (NaN has no rank); "
+            "pass check_finite=False to skip this check on hot paths"
+        )
+
+
+@torch.library.custom_op("margrpo::topk_mask", mutates_args=())
+def _topk_mask_op(scores: torch.Tensor, k: int, check_finite: bool, backend: str) -> torch.Tensor:
+    if check_finite:
+        _check_no_nan(scores)
+    return _kernels.get(backend, _MODULE, "topk_mask_fwd")(scores, k)
+
+
+@_topk_mask_op.register_fake
+def _(scores, k, check_finite, backend):
+    return scores.new_empty(scores.shape, dtype=torch.bool)
+
+
+@torch.library.custom_op("margrpo::topk_indices", mutates_args=())
+def _topk_indices_op(scores: torch.Tensor, k: int, check_finite: bool, backend: str) -> torch.Tensor:
+    if check_finite:
+        _check_no_nan(scores)
+    return _kernels.get(backend, _MODULE, "topk_indices_fwd")(scores, k)
+
+
+@_topk_indices_op.register_fake
+def _(scores, k, check_finite, backend):
+    return scores.new_empty((scores.shape[0], k), dtype=torch.int64)
+
+
+def _scores_and_k(scores: object, ratio: float | None, k: int | None) -> tuple[torch.Tensor, int]:
+    scores = _validate.float_tensor("scores", scores)
+    _validate.ndim("scores", scores, allowed=(2,), layout="[B, N]")
+    N = scores.shape[1]
+    if (ratio is None) == (k is None):
+        raise ValueError(f"ratio, k: got ratio={ratio!r} and k={k!r}, expected exactly one of them")
+    if ratio is not None:
+        ratio = _validate.number("ratio", ratio, 0.0, 1.0)
+        return scores, min(N, math.floor(ratio * N * (1.0 + _FLOOR_NUDGE)))
+    return scores, _validate.integer("k", k, 0, N)
+
+
+def _backend_for(scores: torch.Tensor, op: str) -> str:
+    # an empty batch or row: the reference returns the empty result without any kernel launch
+    return "torch" if scores.numel() == 0 else _kernels.pick(scores.device, op, _MODULE, f"{op}_fwd")
+
+
+def topk_mask(
+    scores: torch.Tensor, ratio: float | None = None, k: int | None = None, *, check_finite: bool = True
+) -> torch.Tensor:
+    """bool [B, N], True at exactly k positions per row: the k largest scores, ties to the lower index.
+
+    Args:
+        scores: [B, N] floating tensor (no NaN).
+        ratio: fraction in [0, 1]; k = floor(ratio * N). Give ratio or k, not both.
+        k: number of positions per row, 0 <= k <= N.
+        check_finite: raise ValueError when scores holds NaN (costs a host sync; turn it off on
+            GPU hot paths where the scores are known to be clean). +-inf scores rank normally.
+    """
+    scores, k = _scores_and_k(scores, ratio, k)
+    return _topk_mask_op(scores.contiguous(), k, check_finite, _backend_for(scores, "topk_mask"))
+
+
+def topk_indices(
+    scores: torch.Tensor, ratio: float | None = None, k: int | None = None, *, check_finite: bool = True
+) -> torch.Tensor:
+    """int64 [B, k]: the positions of the k largest scores per row, by descending score; equal scores
+    are chosen and ordered toward the lower index. Arguments as in topk_mask."""
+    scores, k = _scores_and_k(scores, ratio, k)
+    return _topk_indices_op(scores.contiguous(), k, check_finite, _backend_for(scores, "topk_indices"))

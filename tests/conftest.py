@@ -1,0 +1,98 @@
+"""Shared test setup.
+
+Without CUDA, Triton kernels run in the interpreter on CPU tensors: TRITON_INTERPRET must be set
+before anything imports triton (importing torch does not).
+"""
+from __future__ import annotations
+
+import os
+import zlib
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import margrpo.ops as ops  # noqa: E402
+from margrpo.ops import _backend, _kernels  # noqa: E402
+
+# Tolerances against a float64 reference. Half-precision inputs are compared against the
+# reference evaluated on the same (already rounded) values, so these cover kernel arithmetic only.
+TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 2e-2}
+
+
+def backends_under_test() -> list[str]:
+    """Every backend this installation runs, plus triton whenever the interpreter is on."""
+    names = list(ops.available_backends())
+    if _backend.triton_interpreted() and "triton" not in names:
+        names.append("triton")
+    return names
+
+
+def device_for(backend: str) -> torch.device:
+    """The device a backend's kernels run on here: cpp on CPU, cuda on CUDA, triton on CUDA when
+    there is one (else the interpreter on CPU), the reference on CPU."""
+    if backend == "cuda" or (backend == "triton" and torch.cuda.is_available()):
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A backend under test, selected for the duration of the test."""
+
+    name: str
+    device: torch.device
+
+    def require(self, module: str, *kernels: str) -> None:
+        """Skip the test when this backend lacks one of the kernels (not built / not landed yet)."""
+        if self.name == "triton" and not _backend._has_triton():
+            pytest.skip("triton: the triton package is not installed")
+        for kernel in kernels:
+            if _kernels.find(self.name, module, kernel) is None:
+                where = f"margrpo.kernels.{module}" if self.name == "triton" else "torch.ops.margrpo"
+                pytest.skip(f"{self.name}: kernel {where}.{kernel} is not built in this installation")
+
+
+@pytest.fixture(params=backends_under_test())
+def backend(request) -> Backend:
+    """Each available backend in turn, selected with ops.use_backend for the test's duration."""
+    with ops.use_backend(request.param):
+        yield Backend(request.param, device_for(request.param))
+
+
+@pytest.fixture
+def gen(request) -> torch.Generator:
+    """A CPU generator seeded from the test id: fresh data per test, reproducible per run."""
+    return torch.Generator().manual_seed(zlib.crc32(request.node.nodeid.encode()))
+
+
+@pytest.fixture
+def poison_uninitialized():
+    """Make torch.empty & co (Python and C++ at::empty) return NaN / max-int / True-filled memory,
+    so a kernel that leaves output elements unwritten fails the comparison instead of passing on
+    zeroed memory by luck."""
+    was_on = torch.are_deterministic_algorithms_enabled()
+    was_warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    was_fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    yield
+    torch.utils.deterministic.fill_uninitialized_memory = was_fill
+    torch.use_deterministic_algorithms(was_on, warn_only=was_warn_only)
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, scale: float = 1.0) -> None:
+    """Compare with the float64 expectation at `dtype`'s tolerance (relative, and absolute times
+    `scale`, the magnitude of the summands behind each value where cancellation can occur)."""
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(
+        actual.detach().cpu().double(), expected.detach().cpu().double(), rtol=tol, atol=tol * scale, equal_nan=True
+    )
+
+
+def randn(gen: torch.Generator, *shape: int, dtype=torch.float64, device="cpu", scale: float = 1.0, shift: float = 0.0):
+    """Normal samples drawn on CPU from `gen` (same data on every device), then moved."""
+    return (torch.randn(*shape, generator=gen, dtype=torch.float64) * scale + shift).to(device=device, dtype=dtype)
