@@ -9,6 +9,7 @@ import contextlib
 import importlib.util
 import os
 import warnings
+from collections.abc import Callable
 
 import torch
 
@@ -95,14 +96,23 @@ def _runs_on(name: str, device: torch.device) -> bool:
     return device.type == "cuda" and bool(getattr(ext, "with_cuda", False))  # cuda
 
 
-def resolve(device: torch.device, op: str) -> str:
-    """The backend that runs `op` on tensors of `device` under the current selection."""
+def resolve(device: torch.device, op: str, has_kernel: Callable[[str], bool] | None = None) -> str:
+    """The backend that runs `op` on tensors of `device` under the current selection.
+
+    `has_kernel(name)` says whether backend `name` has this op's kernel: a partial or stale build of
+    the extension (or of kernels/) may lack it, and `auto` then moves on to the next backend.
+    """
+    def usable(name: str) -> bool:
+        return _runs_on(name, device) and (has_kernel is None or has_kernel(name))
+
     if _selected == "auto":
         order = ("triton", "cuda", "torch") if device.type == "cuda" else ("cpp", "torch")
-        return next(name for name in order if _runs_on(name, device))
+        return next(name for name in order if usable(name))
     if not _runs_on(_selected, device):
         raise RuntimeError(
             f"{op}: backend {_selected!r} cannot run on {device.type} tensors here "
             f"(available: {', '.join(available_backends())})"
         )
+    if not usable(_selected):
+        raise RuntimeError(f"{op}: backend {_selected!r} has no kernel for this op in this build")
     return _selected
