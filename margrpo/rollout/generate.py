@@ -1,0 +1,207 @@
+"""generate(): the MAR generation loop, recording exactly what GRPO training needs.
+
+One loop over the effective mask steps of the schedule. At each step the backbone maps the prompt and
+the canvas of known tokens to z for every position; the diffusion head samples the step's tokens with
+K extra seed trajectories in one batched pass (margrpo.heads.multi_seed_denoise), recording the
+transitions of the planned diffusion steps only at the planned mask steps.
+
+Randomness is per sample (margrpo.rollout.seeding): image b draws its order, then a noise bank
+[N, T_diff, K + 1, C] (one standard normal per position, diffusion step, trajectory and channel), from
+its own generator before the loop. A token's chains read the bank at the token's position, so a
+sample never depends on what else shares the batch, and a position re-denoised at a later mask step
+("unknown" mode) sees the same noise (common random numbers for the consistency test).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from margrpo import heads
+
+from .config import RolloutConfig
+from .guidance import guidance_for, prompt_rows, split_rows
+from .plan import RecordPlan, choose_plan, stochastic_steps
+from .record import Rollout
+from .schedule import effective_steps, mask_schedule
+from .seeding import make_generators, plan_seed
+
+
+def _check_inputs(prompts, seeds, config) -> None:
+    if not isinstance(config, RolloutConfig):
+        raise TypeError(f"config: got {type(config).__name__}, expected RolloutConfig")
+    if isinstance(prompts, str) or not isinstance(prompts, Sequence) or len(prompts) == 0:
+        raise ValueError(f"prompts: got {prompts!r}, expected a non-empty list of strings")
+    bad = [p for p in prompts if not isinstance(p, str)]
+    if bad:
+        raise ValueError(f"prompts: got non-string entries {bad[:3]!r}, expected strings")
+    if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Sequence) or len(seeds) != len(prompts):
+        got = len(seeds) if isinstance(seeds, Sequence) else type(seeds).__name__
+        raise ValueError(f"seeds: got {got}, expected a sequence of {len(prompts)} seeds (one per prompt)")
+    bad = [s for s in seeds if isinstance(s, bool) or not isinstance(s, int) or s < 0]
+    if bad:
+        raise ValueError(f"seeds: got {bad[:3]!r}, expected non-negative integers")
+
+
+def _check_plan(plan: RecordPlan, counts: list[int], sampler) -> None:
+    usable_mask, usable_diff = set(effective_steps(counts)), set(stochastic_steps(sampler))
+    steps = list(plan.mask_steps)
+    if steps != sorted(set(steps)) or not set(steps) <= usable_mask:
+        raise ValueError(f"plan.mask_steps: got {steps}, expected sorted distinct steps from {sorted(usable_mask)}")
+    if len(plan.diffusion_steps) != len(steps):
+        raise ValueError(f"plan.diffusion_steps: got {len(plan.diffusion_steps)} entries, expected {len(steps)}")
+    for entry in plan.diffusion_steps:
+        if list(entry) != sorted(set(entry)) or not set(entry) <= usable_diff or len(entry) != plan.num_diffusion_steps:
+            raise ValueError(
+                f"plan.diffusion_steps: got {entry}, expected {plan.num_diffusion_steps} sorted distinct "
+                f"stochastic steps from {sorted(usable_diff)}"
+            )
+
+
+def _module_device(backbone) -> torch.device:
+    for tensor in list(backbone.parameters()) + list(backbone.buffers()):
+        return tensor.device
+    return torch.device("cpu")
+
+
+def _draw_randomness(seeds, N: int, diff_steps: int, trajectories: int, C: int, device):
+    """Per image, from its own generator: the order [N], then the noise bank [N, T_diff, K+1, C]."""
+    orders, banks = [], []
+    for generator in make_generators(seeds, device):
+        orders.append(torch.randperm(N, generator=generator, device=device))
+        banks.append(torch.randn(N, diff_steps, trajectories, C, generator=generator, device=device))
+    return torch.stack(orders), torch.stack(banks)
+
+
+def _gather_rows(values: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """values [B, N, ...] at positions [B, P] -> [B, P, ...]."""
+    index = positions.reshape(*positions.shape, *([1] * (values.dim() - 2)))
+    return values.gather(1, index.expand(*positions.shape, *values.shape[2:]))
+
+
+def _batch_first(recorded: torch.Tensor, B: int, P: int) -> torch.Tensor:
+    """[R, K+1, B*P, ...] from the head -> [B, K+1, R*P, ...] in the L layout (r major, p minor)."""
+    R, T = recorded.shape[:2]
+    tail = recorded.shape[3:]
+    out = recorded.reshape(R, T, B, P, *tail).movedim(2, 0).movedim(2, 1)  # [B, T, R, P, ...]
+    return out.reshape(B, T, R * P, *tail)
+
+
+def _stack_steps(per_step: list[torch.Tensor] | None, B: int, N: int, C: int, device) -> torch.Tensor | None:
+    """M tensors [B, N, C] -> [B, M, N, C] (None stays None)."""
+    if per_step is None:
+        return None
+    return torch.stack(per_step, 1) if per_step else torch.zeros(B, 0, N, C, device=device)
+
+
+@torch.no_grad()
+def generate(
+    backbone,
+    prompts: Sequence[str],
+    config: RolloutConfig,
+    seeds: Sequence[int],
+    *,
+    sampler,
+    plan: RecordPlan | None = None,
+) -> Rollout:
+    """Generate one image per prompt and record the planned transitions.
+
+    backbone: a margrpo.models.base.MARBackbone; prompts: B prompt strings (repeat a prompt for a GRPO
+    group); seeds: B per-sample seeds (margrpo.rollout.seeding.group_seeds); sampler: the head's
+    diffusion sampler (margrpo.diffusion). plan: the steps to record; by default drawn from a hash of
+    the seeds, so the same seeds reproduce the same plan. Runs without gradient.
+    """
+    _check_inputs(prompts, seeds, config)
+    B, N, C = len(prompts), backbone.num_tokens, backbone.token_channels
+    K, diff_steps = config.num_seeds, sampler.num_steps
+    device = _module_device(backbone)
+    counts = mask_schedule(N, config.num_mask_steps, config.schedule)
+    if plan is None:
+        plan_rng = torch.Generator().manual_seed(plan_seed(seeds))
+        plan = choose_plan(counts, sampler, config.record_mask_steps, config.record_diffusion_steps, plan_rng)
+    _check_plan(plan, counts, sampler)
+
+    order, noise_bank = _draw_randomness(seeds, N, diff_steps, K + 1, C, device)
+    cond = prompt_rows(backbone, list(prompts), config)
+    steps = effective_steps(counts)
+    recorded_index = {step: j for j, step in enumerate(plan.mask_steps)}
+    unknown_mode = config.likelihood_positions == "unknown"
+    # in "unknown" mode the step before a recorded one also denoises every unknown position, for
+    # the consistency test's previous prediction
+    needs_prev = {steps[k - 1] for k in range(1, len(steps)) if steps[k] in recorded_index} if unknown_mode else set()
+
+    canvas = torch.zeros(B, N, C, device=device)
+    known = torch.zeros(B, N, dtype=torch.bool, device=device)
+    seed_tokens = torch.zeros(B, K, N, C, device=device)
+    records: list[dict[str, torch.Tensor]] = [{} for _ in plan.mask_steps]
+    cfg_scales = [0.0] * len(plan.mask_steps)
+    pred_clean = [torch.zeros(B, N, C, device=device) for _ in plan.mask_steps] if unknown_mode else None
+    pred_clean_prev = [torch.zeros(B, N, C, device=device) for _ in plan.mask_steps] if unknown_mode else None
+    last_prediction = None
+
+    start = 0
+    for step in steps:
+        n = counts[step]
+        j = recorded_index.get(step)
+        wide = unknown_mode and (j is not None or step in needs_prev)
+        positions = order[:, start:] if wide else order[:, start : start + n]
+        P = positions.shape[1]
+        z = backbone.forward_z(cond.batch, canvas.repeat(cond.rows_per_image, 1, 1), known.repeat(cond.rows_per_image, 1))
+        z_rows = torch.cat([_gather_rows(half, positions).reshape(B * P, -1) for half in split_rows(z, cond)])
+        noise = _gather_rows(noise_bank, positions).reshape(B * P, diff_steps, K + 1, C).permute(1, 2, 0, 3)
+        scale = config.cfg_scale_at(start + n, N)
+        out = heads.multi_seed_denoise(
+            backbone.head, z_rows, sampler, num_seeds=K, cfg=guidance_for(config, scale),
+            record_steps=plan.diffusion_steps[j] if j is not None else (),
+            temperature=config.temperature, noise=noise,
+        )
+        x0 = out.x0.float().reshape(K + 1, B, P, C)
+        committed = positions[:, :n]
+        canvas.scatter_(1, committed[..., None].expand(-1, -1, C), x0[0, :, :n])
+        known.scatter_(1, committed, True)
+        seed_tokens.scatter_(2, committed[:, None, :, None].expand(-1, K, -1, C), x0[1:, :, :n].transpose(0, 1))
+        if wide:
+            prediction = canvas.clone()
+            prediction.scatter_(1, positions[..., None].expand(-1, -1, C), x0[0])
+        if j is not None:
+            cfg_scales[j] = scale
+            std = out.std.float().expand(*out.x_t.shape[:-1], out.std.shape[-1])
+            records[j] = {
+                "x_t": _batch_first(out.x_t.float(), B, P),
+                "x_prev": _batch_first(out.x_prev.float(), B, P),
+                "mean": _batch_first(out.mean.float(), B, P),
+                "std": _batch_first(std, B, P),
+                "logp": _batch_first(out.logp.float(), B, P),
+            }
+            if unknown_mode:
+                pred_clean[j] = prediction
+                if last_prediction is not None:
+                    pred_clean_prev[j] = last_prediction
+        last_prediction = prediction if wide else None
+        start += n
+
+    def cat(name: str, tail: tuple[int, ...]) -> torch.Tensor:
+        parts = [r[name] for r in records]
+        return torch.cat(parts, 2) if parts else torch.zeros(B, K + 1, 0, *tail, device=device)
+
+    std_channels = records[0]["std"].shape[-1] if records else 1
+    return Rollout(
+        prompts=list(prompts),
+        seeds=torch.tensor(list(seeds), dtype=torch.long, device=device),
+        order=order,
+        tokens=canvas,
+        seed_tokens=seed_tokens,
+        images=backbone.decode(canvas).float(),
+        x_t=cat("x_t", (C,)),
+        x_prev=cat("x_prev", (C,)),
+        mean=cat("mean", (C,)),
+        std=cat("std", (std_channels,)),
+        logp=cat("logp", ()),
+        pred_clean=_stack_steps(pred_clean, B, N, C, device),
+        pred_clean_prev=_stack_steps(pred_clean_prev, B, N, C, device),
+        reveal_counts=tuple(counts),
+        plan=plan,
+        cfg_scales=tuple(cfg_scales),
+        config=config,
+        sampler=sampler,
+    )

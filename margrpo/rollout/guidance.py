@@ -1,0 +1,51 @@
+"""Classifier-free guidance plumbing shared by generation and the training likelihood.
+
+With guidance the backbone runs on 2B rows, [cond; uncond], the uncond rows with the negative prompt
+and the SAME canvas as their image (the reference Harmon code lets the uncond canvas lag one step
+behind; here both halves always see the same state). The head receives z as [cond rows; uncond rows]
+(MAR convention) and mixes its outputs with the step's scale on the configured channels.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from margrpo.models.base import PromptBatch
+
+from .config import RolloutConfig
+
+
+@dataclass
+class PromptRows:
+    """Encoded prompts for the backbone: B rows, or 2B rows [cond; uncond] under guidance."""
+
+    batch: PromptBatch
+    rows_per_image: int  # 1 without guidance, 2 with it
+
+
+def prompt_rows(backbone, prompts: list[str], config: RolloutConfig, guided: bool | None = None) -> PromptRows:
+    """Encode `prompts` (and, when guided, the negative prompt once per image) for forward_z.
+    guided=None follows config.uses_cfg."""
+    guided = config.uses_cfg if guided is None else guided
+    cond = backbone.encode_prompts(prompts)
+    if not guided:
+        return PromptRows(cond, 1)
+    negative = backbone.negative_prompt() if config.negative_prompt is None else config.negative_prompt
+    uncond = backbone.encode_prompts([negative]).repeat_interleave(len(prompts))
+    return PromptRows(cond.cat(uncond), 2)
+
+
+def split_rows(z: torch.Tensor, rows: PromptRows) -> list[torch.Tensor]:
+    """forward_z output [rows_per_image * B, N, Dz] -> [cond] or [cond, uncond], each [B, N, Dz]."""
+    return list(z.chunk(rows.rows_per_image))
+
+
+def guidance_for(config: RolloutConfig, scale: float, guided: bool | None = None):
+    """The head's guidance setting for one mask step (None when unguided)."""
+    from margrpo.heads import CFG
+
+    guided = config.uses_cfg if guided is None else guided
+    if not guided:
+        return None
+    return CFG(scale=scale, channels=config.cfg_channels)

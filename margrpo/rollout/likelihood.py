@@ -1,0 +1,104 @@
+"""rollout_logprob(): the training likelihood of a rollout's recorded transitions under the current
+backbone, with gradient to the backbone's parameters through the frozen diffusion head.
+
+For each recorded mask step the backbone recomputes z from the stored pre-step canvas and known mask
+(so the step's own tokens get gradient), the head re-evaluates the recorded diffusion transitions of
+all T = 1 + K trajectories under that z (margrpo.heads.denoise_logprob), and the sampler's Gaussian
+gives their log-probabilities. Called with the rollout's own policy this reproduces the recorded
+log-probs exactly (ratio 1), which is what an on-policy PPO/GRPO step relies on.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from margrpo import heads
+
+from .guidance import guidance_for, prompt_rows, split_rows
+from .record import Rollout
+
+LIKELIHOOD_CFG = ("rollout", "none")
+
+
+@dataclass
+class RolloutLikelihood:
+    """logp fp32 [T, B, L]; mean fp32 [T, B, L, C] and std fp32 [T, B, L, S] of the policy's
+    transitions (for a Gaussian KL against a reference model); mask bool [B, L]: True where the
+    transition's token was committed at its mask step (all True in "revealed" mode; in "unknown"
+    mode the others are candidates for consistency-aware selection). L covers the requested steps."""
+
+    logp: torch.Tensor
+    mean: torch.Tensor
+    std: torch.Tensor
+    mask: torch.Tensor
+
+
+def _head_layout(values: torch.Tensor, R: int, P: int) -> torch.Tensor:
+    """[B, T, R*P, ...] (L layout of one step) -> [R, T, B*P, ...] as the head records it."""
+    B, T = values.shape[:2]
+    tail = values.shape[3:]
+    return values.reshape(B, T, R, P, *tail).permute(2, 1, 0, 3, *range(4, 4 + len(tail))).reshape(R, T, B * P, *tail)
+
+
+def _l_layout(values: torch.Tensor, B: int, P: int) -> torch.Tensor:
+    """[R, T, B*P, ...] -> [T, B, R*P, ...]."""
+    R, T = values.shape[:2]
+    tail = values.shape[3:]
+    return values.reshape(R, T, B, P, *tail).permute(1, 2, 0, 3, *range(4, 4 + len(tail))).reshape(T, B, R * P, *tail)
+
+
+def rollout_logprob(
+    backbone,
+    rollout: Rollout,
+    *,
+    cfg: str = "rollout",
+    steps: Sequence[int] | None = None,
+) -> RolloutLikelihood:
+    """Log-probs of `rollout`'s recorded transitions under `backbone`'s current parameters.
+
+    cfg: "rollout" (default: the guidance the samples were drawn with, same scale per step, same
+    channels; the likelihood of the actual sampling policy) or "none" (conditional branch only, as
+    the reference code trains). steps: recorded mask-step indices j to evaluate (default all, in
+    order); the L axis of the result is the concatenation of their `rollout.l_slice(j)`, so a
+    trainer can backpropagate one mask step at a time.
+    """
+    if cfg not in LIKELIHOOD_CFG:
+        raise ValueError(f"cfg: got {cfg!r}, expected one of {', '.join(LIKELIHOOD_CFG)}")
+    M = rollout.plan.num_mask_steps
+    steps = list(range(M)) if steps is None else list(steps)
+    bad = [j for j in steps if isinstance(j, bool) or not isinstance(j, int) or not 0 <= j < M]
+    if bad:
+        raise ValueError(f"steps: got {bad}, expected recorded mask-step indices in [0, {M})")
+    guided = rollout.config.uses_cfg and cfg == "rollout"
+    rows = prompt_rows(backbone, rollout.prompts, rollout.config, guided=guided)
+    B, R = rollout.batch_size, rollout.plan.num_diffusion_steps
+    committed = rollout.l_committed()
+    logps, means, stds, masks = [], [], [], []
+    for j in steps:
+        canvas, known = rollout.canvas_known(j)
+        positions = rollout.positions(j)
+        P = positions.shape[1]
+        z = backbone.forward_z(rows.batch, canvas.repeat(rows.rows_per_image, 1, 1), known.repeat(rows.rows_per_image, 1))
+        index = positions[..., None].expand(-1, -1, z.shape[-1])
+        z_rows = torch.cat([half.gather(1, index).reshape(B * P, -1) for half in split_rows(z, rows)])
+        part = rollout.l_slice(j)
+        result = heads.denoise_logprob(
+            backbone.head, z_rows, rollout.sampler,
+            x_t=_head_layout(rollout.x_t[:, :, part], R, P),
+            x_prev=_head_layout(rollout.x_prev[:, :, part], R, P),
+            steps=rollout.plan.diffusion_steps[j],
+            cfg=guidance_for(rollout.config, rollout.cfg_scales[j], guided=guided),
+            temperature=rollout.config.temperature,
+        )
+        logps.append(_l_layout(result.logp, B, P))
+        means.append(_l_layout(result.mean, B, P))
+        std = result.std.expand(*result.mean.shape[:-1], result.std.shape[-1])
+        stds.append(_l_layout(std, B, P))
+        masks.append(committed[part].expand(B, -1))
+    if not steps:
+        T, C, empty = rollout.num_trajectories, rollout.tokens.shape[-1], rollout.tokens.new_zeros
+        no_mask = torch.zeros(B, 0, dtype=torch.bool, device=rollout.tokens.device)
+        return RolloutLikelihood(empty(T, B, 0), empty(T, B, 0, C), empty(T, B, 0, 1), no_mask)
+    return RolloutLikelihood(torch.cat(logps, 2), torch.cat(means, 2), torch.cat(stds, 2), torch.cat(masks, 1))
