@@ -13,6 +13,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from margrpo import ops
 from margrpo.ops import reference
 
 
@@ -27,15 +28,9 @@ class StepOutput(NamedTuple):
 
 
 def transition_logprob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
-    """log N(x; mean, std^2) summed over the last dim: x, mean [..., C]; std [..., 1 or C] or fewer
-    leading dims (broadcast). -> [...]. The one place the samplers evaluate a Gaussian density."""
-    rows = x.shape[:-1]
-    channels = x.shape[-1]
-    std_channels = std.shape[-1] if std.dim() else 1
-    x2 = x.reshape(-1, channels)
-    mean2 = mean.expand_as(x).reshape(-1, channels)
-    std2 = std.expand(*rows, std_channels).reshape(-1, std_channels)
-    return reference.gaussian_logprob_fwd(x2, mean2, std2, reference.REDUCE_SUM).reshape(rows)
+    """log N(x; mean, std^2) summed over the last dim: x, mean [..., C]; std > 0 broadcastable to x
+    with a last dim of 1 or C. -> [...]. The one place the samplers evaluate a Gaussian density."""
+    return ops.gaussian_logprob(x, mean, std, reduce="sum")
 
 
 class Sampler:
