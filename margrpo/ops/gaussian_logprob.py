@@ -70,7 +70,11 @@ def _std_tensor(std: object, x: torch.Tensor, dtype: torch.dtype) -> torch.Tenso
     if isinstance(std, (int, float)) and not isinstance(std, bool):
         return torch.tensor(float(std), dtype=dtype, device=x.device)
     std = _validate.float_tensor("std", std)
-    if std.ndim > x.ndim or torch.broadcast_shapes(std.shape, x.shape) != x.shape:
+    try:
+        fits = std.ndim <= x.ndim and torch.broadcast_shapes(std.shape, x.shape) == x.shape
+    except RuntimeError:  # not broadcastable at all
+        fits = False
+    if not fits:
         raise ValueError(
             f"std: got shape {tuple(std.shape)}, expected a python float, a 0-d tensor, [..., 1] per row "
             f"or [..., C] per element, broadcastable to x's shape {tuple(x.shape)}"
