@@ -115,6 +115,15 @@ def _check(name: str, t: torch.Tensor, width: int) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+def _output(out: torch.Tensor | None, shape: torch.Size, like: torch.Tensor) -> torch.Tensor:
+    if out is None:
+        return torch.empty(shape, dtype=like.dtype, device=like.device)
+    if out.shape != shape or not out.is_contiguous():
+        raise ValueError(f"out: got shape {tuple(out.shape)} (contiguous={out.is_contiguous()}), "
+                         f"expected a contiguous tensor of shape {tuple(shape)}")
+    return out
+
+
 def _row_strides(t: torch.Tensor) -> tuple[int, int, int]:
     return t.stride(0), t.stride(1), t.stride(2)
 
@@ -126,11 +135,13 @@ def ln_modulate(
     weight: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
     eps: float = 1e-6,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """LayerNorm over the last dim (optional affine weight/bias), then y * (1 + scale) + shift.
 
     x [*Lx, N, W]; shift, scale [*Lm, N, W] with leading dims broadcasting against Lx. Returns a
-    contiguous [*broadcast(Lx, Lm), N, W] tensor of x's dtype; statistics in fp32 (fp64 for fp64).
+    contiguous [*broadcast(Lx, Lm), N, W] tensor of x's dtype (written into `out` if given);
+    statistics in fp32 (fp64 for fp64).
     """
     width = x.shape[-1]
     x, shift, scale = (_check(n, t, width) for n, t in (("x", x), ("shift", shift), ("scale", scale)))
@@ -138,7 +149,7 @@ def ln_modulate(
         raise ValueError("weight/bias: got only one of them, expected both or neither")
     shape = torch.broadcast_shapes(x.shape, shift.shape, scale.shape)
     lead, tokens = shape[:-2], shape[-2]
-    out = torch.empty(shape, dtype=x.dtype, device=x.device)
+    out = _output(out, shape, x)
     if out.numel() == 0:
         return out
     x4, sh4, sc4 = (_as_rows(t, lead) for t in (x, shift, scale))
@@ -173,11 +184,7 @@ def gate_residual(
     if (weight is None) != (bias is None):
         raise ValueError("weight/bias: got only one of them, expected both or neither")
     shape = torch.broadcast_shapes(residual.shape, h.shape, gate.shape)
-    if out is None:
-        out = torch.empty(shape, dtype=residual.dtype, device=residual.device)
-    elif out.shape != shape or not out.is_contiguous():
-        raise ValueError(f"out: got shape {tuple(out.shape)} (contiguous={out.is_contiguous()}), "
-                         f"expected a contiguous tensor of shape {tuple(shape)}")
+    out = _output(out, shape, residual)
     if out.numel() == 0:
         return out
     lead, tokens = shape[:-2], shape[-2]

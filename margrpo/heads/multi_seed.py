@@ -1,0 +1,191 @@
+"""Fused multi-seed denoising: the main rollout chain and K extra seed chains of every token in one
+batched pass, and the training-time recomputation of their recorded transition log-probabilities.
+
+Per diffusion step the modulation (every block's shift/scale/gate) is computed once per (token, t)
+from z and shared by all K + 1 trajectories and, with CFG, the two halves see one copy of x: the
+head runs on x [K + 1, 1, N, C] against a modulation [2, N, W] (broadcast, never copied). The
+step-independent part of the condition (the z projection) is computed once for all T steps.
+
+Samplers follow docs/CONTRACTS.md (num_steps, model_time(i), out_channels(C), step(), logprob()).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from . import layers
+from .cfg import Guidance
+from .noise import resolve_noise
+
+
+@dataclass
+class MultiSeedSamples:
+    """The result of multi_seed_denoise. Trajectory 0 is the main rollout chain, 1..K the seed chains.
+
+    x0: [K+1, N, C] final clean tokens.
+    steps: the recorded diffusion step indices (ascending), R of them.
+    x_t, x_prev, mean, std: [R, K+1, N, C] (std expanded to full shape); logp: [R, K+1, N]
+    (sum over channels; zeros on deterministic steps). fp32 (fp64 when z is fp64).
+    """
+
+    x0: torch.Tensor
+    steps: tuple[int, ...]
+    x_t: torch.Tensor
+    x_prev: torch.Tensor
+    mean: torch.Tensor
+    std: torch.Tensor
+    logp: torch.Tensor
+
+    def to(self, *args, **kwargs) -> "MultiSeedSamples":
+        """Every tensor moved/cast with Tensor.to(*args, **kwargs)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return MultiSeedSamples(**{k: v.to(*args, **kwargs) if isinstance(v, torch.Tensor) else v for k, v in values.items()})
+
+
+_RECORDED = ("x_t", "x_prev", "mean", "std", "logp")
+
+
+def _acc_dtype(z: torch.Tensor) -> torch.dtype:
+    return torch.float64 if z.dtype == torch.float64 else torch.float32
+
+
+def _condition_rows(head, z: torch.Tensor, cfg: Guidance | None) -> torch.Tensor:
+    """z [rows, Dz] -> [N, Dz], or [2, N, Dz] (cond, uncond halves) with CFG."""
+    if z.dim() != 2 or z.shape[1] != head.z_channels:
+        raise ValueError(f"z: got shape {tuple(z.shape)}, expected [rows, {head.z_channels}]")
+    if cfg is None:
+        return z
+    if not isinstance(cfg, Guidance):
+        raise TypeError(f"cfg: got {type(cfg).__name__}, expected a margrpo.heads.Guidance or None")
+    if z.shape[0] % 2:
+        raise ValueError(f"z: got {z.shape[0]} rows with CFG, expected an even count [cond; uncond] = 2N")
+    return z.view(2, z.shape[0] // 2, z.shape[1])
+
+
+def _check_steps(record_steps, num_steps: int) -> tuple[int, ...]:
+    steps = tuple(int(s) for s in record_steps)
+    if len(set(steps)) != len(steps) or any(not 0 <= s < num_steps for s in steps):
+        raise ValueError(f"record_steps: got {tuple(record_steps)}, expected distinct step indices in [0, {num_steps})")
+    return tuple(sorted(steps))
+
+
+def _check_channels(head, sampler) -> None:
+    expected = sampler.out_channels(head.in_channels)
+    if expected != head.out_channels:
+        raise ValueError(f"sampler: needs {expected} head output channels for C={head.in_channels}, "
+                         f"but the head outputs {head.out_channels}")
+
+
+def guided_output(head, modulation: layers.Modulation, x: torch.Tensor, cfg: Guidance | None,
+                  backend: str | None = None) -> torch.Tensor:
+    """Head output for x [*L, N, C] under `modulation` ([N, W], or [..., 2, N, W] with CFG; both CFG
+    halves read the same x), guided when cfg is given -> [*L, N, out]."""
+    if cfg is None:
+        return head.denoise(x, modulation, backend)
+    out = head.denoise(x.unsqueeze(-3), modulation, backend)  # [*L, 2, N, out]
+    return cfg.combine(out.select(-3, 0), out.select(-3, 1), head.in_channels)
+
+
+def multi_seed_denoise(
+    head,
+    z: torch.Tensor,
+    sampler,
+    num_seeds: int,
+    cfg: Guidance | None = None,
+    generator: torch.Generator | None = None,
+    record_steps=(),
+    temperature: float = 1.0,
+    noise=None,
+    backend: str | None = None,
+) -> MultiSeedSamples:
+    """Sample the main chain and `num_seeds` seed chains of N tokens in one batched pass (no grad).
+
+    Args:
+        head: SimpleMLPAdaLN or DiffusionMLP (frozen).
+        z: [N, Dz], or [2N, Dz] = [cond; uncond] rows with CFG.
+        sampler: a margrpo.diffusion sampler (T = sampler.num_steps).
+        num_seeds: K >= 0 extra trajectories.
+        cfg: Guidance with this call's scale, or None.
+        generator: used for torch.randn noise when `noise` is None.
+        record_steps: diffusion step indices whose transitions are kept.
+        temperature: multiplies the sampler's std.
+        noise: a [T+1, K+1, N, C] tensor (see margrpo.heads.noise), a CounterNoise, or None.
+        backend: None (global margrpo.ops selection), "torch" or "triton" for the fused primitives.
+    """
+    if isinstance(num_seeds, bool) or not isinstance(num_seeds, int) or num_seeds < 0:
+        raise ValueError(f"num_seeds: got {num_seeds!r}, expected an int >= 0")
+    if not temperature >= 0:
+        raise ValueError(f"temperature: got {temperature!r}, expected a number >= 0")
+    rows = _condition_rows(head, z, cfg)
+    num_steps = sampler.num_steps
+    steps = _check_steps(record_steps, num_steps)
+    _check_channels(head, sampler)
+    acc = _acc_dtype(z)
+    tokens, channels = rows.shape[-2], head.in_channels
+    eps = resolve_noise(noise, generator, (num_steps + 1, num_seeds + 1, tokens, channels), acc, z.device)
+
+    recorded: dict[str, list[torch.Tensor]] = {name: [] for name in _RECORDED}
+    with torch.no_grad():
+        cond = head.embed_condition(rows)  # independent of the step: once for all T steps
+        x = eps[0]
+        for i in range(num_steps):
+            modulation = head.modulation(cond, sampler.model_time(i))
+            out = guided_output(head, modulation, x, cfg, backend).to(acc)
+            step = sampler.step(out, x, i, eps[i + 1], temperature)
+            if i in steps:
+                std = torch.as_tensor(step.std, dtype=acc, device=x.device).expand_as(x)
+                for name, value in zip(_RECORDED, (x, step.x_prev, step.mean, std, step.logp)):
+                    recorded[name].append(value)
+            x = step.x_prev
+    full = (num_seeds + 1, tokens, channels)
+    stacked = {name: _stack(values, full[:-1] if name == "logp" else full, acc, z.device)
+               for name, values in recorded.items()}
+    return MultiSeedSamples(x0=x, steps=steps, **stacked)
+
+
+def _stack(values: list[torch.Tensor], shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
+    if values:
+        return torch.stack([v.to(dtype) for v in values])
+    return torch.empty((0, *shape), dtype=dtype, device=device)
+
+
+def denoise_logprob(
+    head,
+    z: torch.Tensor,
+    sampler,
+    record: MultiSeedSamples,
+    cfg: Guidance | None = None,
+    temperature: float = 1.0,
+    backend: str | None = None,
+    return_mean: bool = False,
+):
+    """Log-probs [R, K+1, N] of the recorded transitions under a new z (training recomputation).
+
+    Gradients flow to z through the head (whose parameters may be frozen: requires_grad False keeps
+    the graph to z). All R recorded steps go through the head in one batched call; the recorded
+    x_t / x_prev are treated as data. With return_mean, also the sampler means [R, K+1, N, C]
+    (e.g. for a Gaussian KL against a reference policy).
+    """
+    rows = _condition_rows(head, z, cfg)
+    _check_channels(head, sampler)
+    steps = _check_steps(record.steps, sampler.num_steps)
+    acc = _acc_dtype(z)
+    x_t, x_prev = record.x_t.detach().to(acc), record.x_prev.detach().to(acc)
+    if x_t.dim() != 4 or x_t.shape[0] != len(steps) or x_t.shape[2] != rows.shape[-2]:
+        raise ValueError(f"record.x_t: got shape {tuple(x_t.shape)}, expected [R={len(steps)}, K+1, N={rows.shape[-2]}, C]")
+    if not steps:
+        empty = x_t.new_zeros(x_t.shape[:-1])
+        return (empty, x_t.clone()) if return_mean else empty
+
+    cond = head.embed_condition(rows)
+    times = torch.stack([layers.as_time_tensor(sampler.model_time(i), z.device) for i in steps])
+    # [R] -> [R, 1, (1,) 1]: the step axis leads, then a singleton that broadcasts over trajectories
+    times = times.reshape(len(steps), *([1] * cond.dim()))
+    out = guided_output(head, head.modulation(cond, times), x_t, cfg, backend).to(acc)  # [R, K+1, N, out]
+    logps = [sampler.logprob(x_prev[r], out[r], x_t[r], i, temperature) for r, i in enumerate(steps)]
+    logp = torch.stack(logps)
+    if not return_mean:
+        return logp
+    means = torch.stack([sampler.mean_std(out[r], x_t[r], i, temperature)[0] for r, i in enumerate(steps)])
+    return logp, means
