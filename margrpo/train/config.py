@@ -1,0 +1,127 @@
+"""The trainer's typed configuration (one YAML file of sections + `key=value` overrides).
+
+Sections: backbone (which model and checkpoint), rollout (margrpo.rollout.RolloutConfig), grpo (the
+algorithm and its ablation switches), optim, rewards (name -> weight or options), run (steps, seeds,
+output, checkpoints, evaluation). `model` and `pretrain` belong to the pretraining job and are
+carried through unchanged.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from margrpo.config import ConfigError, apply_overrides, from_dict, load_yaml
+from margrpo.rollout import RolloutConfig
+
+
+@dataclass
+class BackboneConfig:
+    """name: tiny | nova | harmon; checkpoint: a local directory in the model's official layout."""
+
+    name: Literal["tiny", "nova", "harmon"] = "tiny"
+    checkpoint: str = "checkpoints/shapes-tiny"
+    diffusion_steps: Optional[int] = None  # sampling steps of the head's chain (None: the model's default)
+    dtype: Literal["float32", "bfloat16"] = "float32"
+
+
+@dataclass
+class GRPOConfig:
+    """The algorithm. Every MAR-GRPO mechanism is a switch so the paper's ablation can be run."""
+
+    group_size: int = 4  # G samples per prompt
+    prompts_per_step: int = 8
+    advantage: Literal["group", "batch_std", "no_std", "tracker"] = "group"
+    advantage_eps: float = 1e-4
+    drop_zero_variance: bool = False  # drop groups whose rewards are all equal (no signal)
+    objective: Literal["clip", "reinforce"] = "clip"  # reinforce: the reference code's value-A/grad-A*dlogp
+    clip_eps: float = 0.2
+    clip_eps_high: Optional[float] = None
+    inner_epochs: int = 1
+    minibatches: int = 1  # optimizer steps per epoch
+    minibatch_over: Literal["images", "mask_steps"] = "images"  # mask_steps: the reference's per-step updates
+    aggregation: Literal["token_mean", "sample_mean"] = "token_mean"
+    kl_beta: float = 0.01
+    kl_type: Literal["gaussian", "k3_logp", "parity_mean_k3"] = "gaussian"
+    head: Literal["frozen", "train", "low_lr"] = "frozen"
+    head_lr_scale: float = 0.1  # for head: low_lr
+    mte: bool = False  # multi-trajectory expectation on the most uncertain tokens (needs rollout.num_seeds >= 2)
+    mte_ratio: float = 0.3
+    mte_pixels_per_token: int = 1  # > 1 ranks latent pixels (NOVA reference behaviour)
+    consistency: bool = False  # consistency-aware selection (needs rollout.likelihood_positions: unknown)
+    consistency_threshold: float = 0.0
+    consistency_start_step: int = 2  # effective mask-step index from which it applies (third step)
+    likelihood_cfg: Literal["rollout", "none"] = "rollout"  # none: the reference code's unguided likelihood
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    warmup_steps: int = 0
+    schedule: Literal["constant", "cosine"] = "constant"
+    grad_clip: float = 1.0
+    bf16: bool = False  # autocast the likelihood forward in bf16 (CUDA)
+
+
+@dataclass
+class RunConfig:
+    steps: int = 100
+    seed: int = 0
+    out_dir: str = "runs/shapes-tiny"
+    device: str = "auto"  # auto: cuda when available, else cpu
+    train_prompts: Optional[str] = None  # a prompt file; None: the ShapesWorld train split
+    eval_prompts: Optional[str] = None  # None: the ShapesWorld held-out split
+    eval_every: int = 20
+    eval_per_category: int = 4  # held-out prompts per category (balanced) when eval_prompts is None
+    eval_samples_per_prompt: int = 2
+    eval_seed: int = 1234  # fixed seeds so evaluation points are comparable
+    save_every: int = 50
+    keep_last: int = 2
+    resume: Literal["auto", "never"] = "auto"
+    max_bad_steps: int = 5  # consecutive skipped (non-finite) steps before stopping
+    log_every: int = 1
+    tensorboard: bool = True
+    wandb: bool = False
+    threads: Optional[int] = None  # torch CPU threads (None: torch's default)
+
+
+@dataclass
+class TrainerConfig:
+    backbone: BackboneConfig = field(default_factory=BackboneConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    rewards: dict[str, Any] = field(default_factory=lambda: {"shapes": 1.0})
+    run: RunConfig = field(default_factory=RunConfig)
+    model: dict[str, Any] = field(default_factory=dict)  # pretraining architecture (margrpo pretrain)
+    pretrain: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        g = self.grpo
+        if g.group_size < 2:
+            raise ConfigError(f"grpo.group_size: got {g.group_size}, expected >= 2 (advantages compare samples)")
+        if not 0 < g.mte_ratio <= 1:
+            raise ConfigError(f"grpo.mte_ratio: got {g.mte_ratio}, expected a ratio in (0, 1]")
+        if g.mte and self.rollout.num_seeds < 2:
+            raise ConfigError(
+                f"grpo.mte: true needs rollout.num_seeds >= 2 (got {self.rollout.num_seeds}): the uncertainty "
+                "is the std over seed trajectories; set rollout.num_seeds or grpo.mte=false"
+            )
+        if g.consistency and self.rollout.likelihood_positions != "unknown":
+            raise ConfigError(
+                "grpo.consistency: true needs rollout.likelihood_positions: unknown (with 'revealed' every "
+                "transition is a committed token, which consistency always keeps); set one or the other"
+            )
+        for name in ("inner_epochs", "minibatches", "prompts_per_step"):
+            if getattr(g, name) < 1:
+                raise ConfigError(f"grpo.{name}: got {getattr(g, name)}, expected >= 1")
+        if self.run.steps < 0:
+            raise ConfigError(f"run.steps: got {self.run.steps}, expected >= 0")
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainerConfig:
+    """TrainerConfig from a YAML file (or the defaults when path is None) and dotted overrides."""
+    data = load_yaml(path) if path is not None else {}
+    return from_dict(TrainerConfig, apply_overrides(data, list(overrides)))
