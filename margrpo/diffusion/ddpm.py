@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from . import schedules
-from .sampler import Sampler, scalar_std
+from .sampler import Sampler, check_train_inputs, per_token, scalar_std
 
 PREDICTION_TYPES = {"epsilon": "epsilon", "eps": "epsilon", "sample": "sample", "x0": "sample",
                     "v_prediction": "v_prediction", "v": "v_prediction"}
@@ -162,14 +162,11 @@ class DDPMSampler(Sampler):
         return t_train.to(torch.float32)
 
     def _train_coefs(self, x0, noise, t_train):
-        _check_train_inputs(x0, noise, t_train)
-        if t_train.is_floating_point() or t_train.dtype == torch.bool:
-            raise ValueError(f"t_train: got dtype {t_train.dtype}, expected integer training steps")
+        check_train_inputs(x0, noise, t_train, floating=False)
         if t_train.numel() and (int(t_train.min()) < 0 or int(t_train.max()) >= self.num_train_timesteps):
             raise ValueError(f"t_train: values must lie in [0, {self.num_train_timesteps}), "
                              f"got {int(t_train.min())}..{int(t_train.max())}")
-        abar = torch.from_numpy(self._train_abar).to(x0.device)[t_train.long()]
-        abar = abar.reshape(*t_train.shape, *([1] * (x0.dim() - t_train.dim()))).to(_float_dtype(x0))
+        abar = per_token(torch.from_numpy(self._train_abar).to(x0.device)[t_train.long()], x0)
         return abar.sqrt(), (1.0 - abar).sqrt()
 
     def __repr__(self) -> str:
@@ -194,16 +191,3 @@ def _kept_timesteps(spacing, num_steps: int, num_train: int, steps_offset: int) 
         raise ValueError(f"spacing: got {len(kept)} explicit timesteps, expected num_steps={num_steps}")
     schedules.check_timesteps(kept, num_train, "spacing")
     return kept
-
-
-def _float_dtype(x: torch.Tensor) -> torch.dtype:
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
-
-
-def _check_train_inputs(x0: torch.Tensor, noise: torch.Tensor, t_train: torch.Tensor) -> None:
-    if noise.shape != x0.shape:
-        raise ValueError(f"noise: got shape {tuple(noise.shape)}, expected x0's shape {tuple(x0.shape)}")
-    if not isinstance(t_train, torch.Tensor) or tuple(t_train.shape) != tuple(x0.shape[: t_train.dim()]) \
-            or t_train.dim() >= x0.dim():
-        shape = tuple(t_train.shape) if isinstance(t_train, torch.Tensor) else type(t_train).__name__
-        raise ValueError(f"t_train: got {shape}, expected a tensor shaped like leading dims of x0 {tuple(x0.shape[:-1])}")

@@ -73,7 +73,9 @@ def mar_sampler(num_steps: int | str, noise_schedule: str = "cosine", learn_sigm
     elif isinstance(num_steps, int) and not isinstance(num_steps, bool) and 1 <= num_steps <= num_train:
         kept = schedules.space_timesteps(num_train, str(num_steps))
     else:
-        raise ValueError(f"num_steps: got {num_steps!r}, expected an int in [1, {num_train}] or an IDDPM section string")
+        raise ValueError(
+            f"num_steps: got {num_steps!r}, expected an int in [1, {num_train}] or an IDDPM section string"
+        )
     return DDPMSampler(
         len(kept),
         num_train_timesteps=num_train,
@@ -163,7 +165,8 @@ def _ddpm_kwargs(keys: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"config: {feature}={cfg[feature]!r} is not supported, expected false")
     if cfg["variance_type"] not in _DDPM_VARIANCE:
         raise ValueError(
-            f"config: variance_type={cfg['variance_type']!r} is not supported, expected one of {', '.join(_DDPM_VARIANCE)}"
+            f"config: variance_type={cfg['variance_type']!r} is not supported, "
+            f"expected one of {', '.join(_DDPM_VARIANCE)}"
         )
     return {
         "num_train_timesteps": cfg["num_train_timesteps"],

@@ -17,7 +17,7 @@ import math
 import numpy as np
 import torch
 
-from .sampler import Sampler, scalar_std
+from .sampler import Sampler, check_train_inputs, per_token, scalar_std
 
 FLOW_MODES = ("sde", "ode")
 
@@ -115,16 +115,10 @@ class FlowSDESampler(Sampler):
         return t_train.to(torch.float32) * self.num_train_timesteps
 
     def _train_sigma(self, x0, noise, t_train):
-        if noise.shape != x0.shape:
-            raise ValueError(f"noise: got shape {tuple(noise.shape)}, expected x0's shape {tuple(x0.shape)}")
-        if not isinstance(t_train, torch.Tensor) or not t_train.is_floating_point() or t_train.dim() >= x0.dim() \
-                or tuple(t_train.shape) != tuple(x0.shape[: t_train.dim()]):
-            got = f"{tuple(t_train.shape)} {t_train.dtype}" if isinstance(t_train, torch.Tensor) else type(t_train).__name__
-            raise ValueError(f"t_train: got {got}, expected float sigmas shaped like leading dims of x0 {tuple(x0.shape[:-1])}")
+        check_train_inputs(x0, noise, t_train, floating=True)
         if t_train.numel() and (float(t_train.min()) < 0 or float(t_train.max()) > 1):
             raise ValueError(f"t_train: sigmas must lie in [0, 1], got {float(t_train.min())}..{float(t_train.max())}")
-        dtype = torch.float64 if x0.dtype == torch.float64 else torch.float32
-        return t_train.to(dtype).reshape(*t_train.shape, *([1] * (x0.dim() - t_train.dim())))
+        return per_token(t_train, x0)
 
     def __repr__(self) -> str:
         return (f"FlowSDESampler(num_steps={self.num_steps}, mode={self.mode!r}, "

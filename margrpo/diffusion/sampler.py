@@ -8,6 +8,7 @@ Means, stds and log-probs are computed in float32 (float64 stays float64) whatev
 from __future__ import annotations
 
 import math
+import numbers
 from typing import NamedTuple
 
 import numpy as np
@@ -157,8 +158,27 @@ def scalar_std(value: float, temperature: float, like: torch.Tensor) -> torch.Te
     return torch.full((1,) * like.dim(), value * temperature, dtype=like.dtype, device=like.device)
 
 
+def check_train_inputs(x0: torch.Tensor, noise: torch.Tensor, t_train: torch.Tensor, floating: bool) -> None:
+    """Shared checks of add_noise / training_target: noise like x0, t_train (float sigmas or integer
+    training steps) shaped like leading dims of x0."""
+    if noise.shape != x0.shape:
+        raise ValueError(f"noise: got shape {tuple(noise.shape)}, expected x0's shape {tuple(x0.shape)}")
+    if (not isinstance(t_train, torch.Tensor) or t_train.is_floating_point() != floating or t_train.dtype == torch.bool
+            or t_train.dim() >= x0.dim() or tuple(t_train.shape) != tuple(x0.shape[: t_train.dim()])):
+        expected = "float sigmas" if floating else "integer training steps"
+        raise ValueError(
+            f"t_train: got {_describe(t_train)}, expected {expected} shaped like leading dims of x0 "
+            f"{tuple(x0.shape[:-1])}"
+        )
+
+
+def per_token(values: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
+    """values shaped like leading dims of x0 -> trailing singleton dims added, x0's accumulation dtype."""
+    return values.to(reference.acc_dtype(x0.dtype)).reshape(*values.shape, *([1] * (x0.dim() - values.dim())))
+
+
 def _check_temperature(temperature) -> None:
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not (
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not (
         math.isfinite(temperature) and temperature >= 0
     ):
         raise ValueError(f"temperature: got {temperature!r}, expected a finite float >= 0")

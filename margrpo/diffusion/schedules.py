@@ -85,7 +85,9 @@ def space_timesteps(num_train_timesteps: int, section_counts: str | Sequence[int
     for index, count in enumerate(counts):
         size = size_per + (1 if index < extra else 0)
         if size < count:
-            raise ValueError(f"section_counts: got {section_counts!r}; cannot take {count} steps from a section of {size}")
+            raise ValueError(
+                f"section_counts: got {section_counts!r}; cannot take {count} steps from a section of {size}"
+            )
         stride = 1.0 if count <= 1 else (size - 1) / (count - 1)
         position = 0.0
         for _ in range(count):
