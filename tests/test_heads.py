@@ -18,6 +18,15 @@ from margrpo.heads import layers
 F64 = torch.float64
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny shapes: intra-op threads only add synchronisation (costly on a shared 2-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _randomize_(head, seed: int = 0, std: float = 0.3):
     """Random adaLN-Zero layers and non-trivial LayerNorm affines, so every parameter matters."""
     g = torch.Generator().manual_seed(seed)
