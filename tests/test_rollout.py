@@ -19,6 +19,16 @@ from margrpo.rollout.plan import RecordPlan, choose_plan
 from margrpo.rollout.seeding import group_seeds, make_generators, plan_seed, sample_seed
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """These tensors are tiny: one intra-op thread avoids thread-sync overhead, which dominates on a
+    shared 2-core machine (measured ~10x on this file)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 # ---------------------------------------------------------------- schedules
 def _nova_by_hand(N: int, S: int) -> list[int]:
     masked = [int(np.round(N * math.cos(math.pi / 2 * k / S))) for k in range(S + 1)]
@@ -108,3 +118,181 @@ def test_cfg_schedules():
     assert constant.cfg_scale_at(3, 16) == 5.0
     assert linear.cfg_scale_at(4, 16) == pytest.approx(2.0) and linear.cfg_scale_at(16, 16) == 5.0
     assert not RolloutConfig().uses_cfg and constant.uses_cfg and RolloutConfig(cfg_scale=0.0).uses_cfg
+
+
+# ---------------------------------------------------------------- a tiny test backbone
+WORDS = ("a", "red", "blue", "green", "square", "circle", "left", "of", "generate", "an", "image.")
+
+
+class TinyTestBackbone(nn.Module):
+    """A minimal MARBackbone: word embeddings, a per-token MLP over [token or mask embedding + position]
+    with one global mixing term (so z depends on the other tokens and on the prompt), and the real
+    SimpleMLPAdaLN head with its zero-init layers re-initialised so it is not an identity."""
+
+    def __init__(self, num_tokens: int = 12, channels: int = 4, width: int = 24, z_channels: int = 16, learn_sigma: bool = True):
+        super().__init__()
+        from margrpo.heads.mar_head import SimpleMLPAdaLN
+
+        self.num_tokens, self.token_channels = num_tokens, channels
+        self.vocab = {w: i + 1 for i, w in enumerate(WORDS)}  # 0 pads
+        self.word_embed = nn.Embedding(len(WORDS) + 1, width)
+        self.token_in = nn.Linear(channels, width)
+        self.mask_embed = nn.Parameter(torch.randn(width) * 0.5)
+        self.pos_embed = nn.Parameter(torch.randn(num_tokens, width) * 0.5)
+        self.mix = nn.Linear(width, width)
+        self.out = nn.Sequential(nn.Linear(2 * width, width), nn.SiLU(), nn.Linear(width, z_channels))
+        self.head = SimpleMLPAdaLN(channels, 32, 2 * channels if learn_sigma else channels, z_channels, 2)
+        for layer in self.head.zero_init_layers():
+            nn.init.normal_(layer.weight, std=0.2)
+            nn.init.normal_(layer.bias, std=0.05)
+        self.head.requires_grad_(False)
+
+    def encode_prompts(self, prompts: list[str]) -> PromptBatch:
+        unknown = sorted({w for p in prompts for w in p.split() if w not in self.vocab})
+        if unknown:
+            raise ValueError(f"prompts: unknown words {unknown}")
+        length = max(1, max(len(p.split()) for p in prompts))
+        ids = torch.zeros(len(prompts), length, dtype=torch.long, device=self.pos_embed.device)
+        for row, p in enumerate(prompts):
+            for col, w in enumerate(p.split()):
+                ids[row, col] = self.vocab[w]
+        return PromptBatch(self.word_embed(ids), ids > 0)
+
+    def negative_prompt(self) -> str:
+        return "generate an image."
+
+    def forward_z(self, prompts: PromptBatch, canvas: torch.Tensor, known: torch.Tensor) -> torch.Tensor:
+        mask = prompts.mask[..., None].to(prompts.embeds.dtype)
+        text = (prompts.embeds * mask).sum(1) / mask.sum(1).clamp(min=1)
+        h = torch.where(known[..., None], self.token_in(canvas), self.mask_embed) + self.pos_embed
+        context = self.mix(h.mean(1, keepdim=True)) + text[:, None]
+        return self.out(torch.cat([h, context.expand_as(h)], -1))
+
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
+        B, N, _ = tokens.shape
+        return torch.sigmoid(tokens[..., :3]).transpose(1, 2).reshape(B, 3, 3, N // 3)
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for name, p in self.named_parameters() if not name.startswith("head.")]
+
+
+PROMPTS = ["a red square", "a red square", "a blue circle left of a green square"]
+
+
+@pytest.fixture(scope="module")
+def backbone():
+    torch.manual_seed(0)
+    return TinyTestBackbone()
+
+
+@pytest.fixture(scope="module")
+def sampler():
+    from margrpo.diffusion import DDPMSampler
+
+    # IDDPM cosine schedule, learned-range variance (2C head outputs, Harmon-like); x0 prediction keeps
+    # the chains of a random-init head bounded. The last step (t = 0) is deterministic.
+    return DDPMSampler(6, beta_schedule="cosine", spacing="iddpm", prediction_type="sample", variance_type="learned_range")
+
+
+def _config(**overrides) -> RolloutConfig:
+    base = dict(num_mask_steps=6, schedule="nova", num_seeds=2, record_mask_steps=3, record_diffusion_steps=3)
+    return RolloutConfig(**{**base, **overrides})
+
+
+def _run(backbone, sampler, config, seeds=(5, 6, 7), prompts=PROMPTS, plan=None):
+    from margrpo.rollout import generate
+
+    return generate(backbone, list(prompts), config, list(seeds), sampler=sampler, plan=plan)
+
+
+def test_backbone_satisfies_protocol(backbone):
+    assert isinstance(backbone, MARBackbone)
+
+
+def reference_rollout(backbone, prompts, config, seeds, sampler):
+    """The rollout written the plain way, one image at a time: the official head forward at every
+    diffusion step (modulation recomputed), guidance mixed by hand, every transition kept.
+
+    Uses the documented randomness layout of generate(): per image, its generator draws the order
+    (randperm N) and then the noise bank [N, T_diff + 1, K + 1, C]."""
+    from margrpo.rollout import mask_schedule
+
+    N, C, K, T_diff = backbone.num_tokens, backbone.token_channels, config.num_seeds, sampler.num_steps
+    counts = mask_schedule(N, config.num_mask_steps, config.schedule)
+    head = backbone.head
+    results = []
+    for prompt, seed in zip(prompts, seeds):
+        generator = torch.Generator().manual_seed(seed)
+        order = torch.randperm(N, generator=generator)
+        bank = torch.randn(N, T_diff + 1, K + 1, C, generator=generator)
+        cond = backbone.encode_prompts([prompt])
+        uncond = backbone.encode_prompts([backbone.negative_prompt()])
+        canvas, known = torch.zeros(1, N, C), torch.zeros(1, N, dtype=torch.bool)
+        seed_tokens = torch.zeros(K, N, C)
+        transitions = {}  # (mask step, diffusion step) -> (x_t, x_prev, mean, std, logp), each [K+1, n, ...]
+        start = 0
+        for step, n in enumerate(counts):
+            if n == 0:
+                continue
+            pos = order[start : start + n]
+            z_c = backbone.forward_z(cond, canvas, known)[0, pos]
+            z_u = backbone.forward_z(uncond, canvas, known)[0, pos]
+            scale = config.cfg_scale_at(start + n, N)
+            x = bank[pos, 0].transpose(0, 1)  # the K + 1 trajectories [K+1, n, C], z broadcast over them
+            for i in range(T_diff):
+                t = sampler.model_time(i)
+                out = head(x, t, z_c)
+                if config.uses_cfg:
+                    out_u = head(x, t, z_u)
+                    guided = out_u + scale * (out - out_u)
+                    if config.cfg_channels == "eps":
+                        guided = torch.cat([guided[..., :C], out[..., C:]], -1)
+                    out = guided
+                s = sampler.step(out, x, i, bank[pos, i + 1].transpose(0, 1), config.temperature)
+                transitions[(step, i)] = (x, s.x_prev, s.mean, s.std.expand_as(x), s.logp)
+                x = s.x_prev
+            canvas[0, pos], known[0, pos] = x[0], True
+            seed_tokens[:, pos] = x[1:]
+            start += n
+        results.append(dict(order=order, tokens=canvas[0], seed_tokens=seed_tokens, transitions=transitions))
+    return results
+
+
+def _recorded(rollout, b, j):
+    """The transitions of image b at recorded step j as five tensors [R, T, P, ...]."""
+    R, P = rollout.plan.num_diffusion_steps, rollout.step_positions_count(j)
+    part = rollout.l_slice(j)
+    fields = (rollout.x_t, rollout.x_prev, rollout.mean, rollout.std, rollout.logp)
+    return [f[b, :, part].reshape(rollout.num_trajectories, R, P, *f.shape[3:]).transpose(0, 1) for f in fields]
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(),
+    dict(cfg_scale=3.0, cfg_channels="eps", cfg_schedule="linear", schedule="harmon", temperature=0.9),
+    dict(cfg_scale=2.0, cfg_channels="all", num_seeds=0),
+])
+def test_rollout_matches_plain_reference_at_the_planned_steps(backbone, sampler, overrides):
+    config = _config(**overrides)
+    rollout = _run(backbone, sampler, config)
+    with torch.no_grad():
+        reference = reference_rollout(backbone, PROMPTS, config, [5, 6, 7], sampler)
+    B, N, C, K = 3, backbone.num_tokens, backbone.token_channels, config.num_seeds
+    R, M = config.record_diffusion_steps, config.record_mask_steps
+    assert rollout.tokens.shape == (B, N, C) and rollout.seed_tokens.shape == (B, K, N, C)
+    assert rollout.images.shape == (B, 3, 3, N // 3)
+    L = R * sum(rollout.step_revealed(j) for j in range(M))
+    assert rollout.x_t.shape == (B, K + 1, L, C) and rollout.logp.shape == (B, K + 1, L)
+    assert rollout.pred_clean is None and rollout.pred_clean_prev is None
+    effective = [s for s, n in enumerate(rollout.reveal_counts) if n > 0]
+    for j, step in enumerate(rollout.plan.mask_steps):
+        assert step in effective
+        assert all(not sampler.is_deterministic(i) for i in rollout.plan.diffusion_steps[j])
+    for b, ref in enumerate(reference):
+        assert torch.equal(rollout.order[b], ref["order"])
+        torch.testing.assert_close(rollout.tokens[b], ref["tokens"], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(rollout.seed_tokens[b], ref["seed_tokens"], atol=1e-5, rtol=1e-5)
+        for j, step in enumerate(rollout.plan.mask_steps):
+            got = _recorded(rollout, b, j)
+            for r, i in enumerate(rollout.plan.diffusion_steps[j]):
+                for value, expected in zip(got, ref["transitions"][(step, i)]):
+                    torch.testing.assert_close(value[r], expected.float(), atol=1e-5, rtol=1e-5)

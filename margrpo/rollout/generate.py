@@ -6,8 +6,8 @@ K extra seed trajectories in one batched pass (margrpo.heads.multi_seed_denoise)
 transitions of the planned diffusion steps only at the planned mask steps.
 
 Randomness is per sample (margrpo.rollout.seeding): image b draws its order, then a noise bank
-[N, T_diff, K + 1, C] (one standard normal per position, diffusion step, trajectory and channel), from
-its own generator before the loop. A token's chains read the bank at the token's position, so a
+[N, T_diff + 1, K + 1, C] (per position: the initial x_T and one standard normal per diffusion step,
+for every trajectory and channel) from its own generator before the loop. A token's chains read the bank at the token's position, so a
 sample never depends on what else shares the batch, and a position re-denoised at a later mask step
 ("unknown" mode) sees the same noise (common random numbers for the consistency test).
 """
@@ -17,10 +17,10 @@ from collections.abc import Sequence
 
 import torch
 
-from margrpo import heads
+from margrpo.heads.multi_seed import multi_seed_denoise
 
 from .config import RolloutConfig
-from .guidance import guidance_for, prompt_rows, split_rows
+from .guidance import guidance_for, head_condition, prompt_rows
 from .plan import RecordPlan, choose_plan, stochastic_steps
 from .record import Rollout
 from .schedule import effective_steps, mask_schedule
@@ -65,11 +65,12 @@ def _module_device(backbone) -> torch.device:
 
 
 def _draw_randomness(seeds, N: int, diff_steps: int, trajectories: int, C: int, device):
-    """Per image, from its own generator: the order [N], then the noise bank [N, T_diff, K+1, C]."""
+    """Per image, from its own generator: the order [N], then the noise bank [N, T_diff + 1, K+1, C]
+    (the head's noise layout: index 0 the initial x_T, index i + 1 the noise of diffusion step i)."""
     orders, banks = [], []
     for generator in make_generators(seeds, device):
         orders.append(torch.randperm(N, generator=generator, device=device))
-        banks.append(torch.randn(N, diff_steps, trajectories, C, generator=generator, device=device))
+        banks.append(torch.randn(N, diff_steps + 1, trajectories, C, generator=generator, device=device))
     return torch.stack(orders), torch.stack(banks)
 
 
@@ -147,10 +148,10 @@ def generate(
         positions = order[:, start:] if wide else order[:, start : start + n]
         P = positions.shape[1]
         z = backbone.forward_z(cond.batch, canvas.repeat(cond.rows_per_image, 1, 1), known.repeat(cond.rows_per_image, 1))
-        z_rows = torch.cat([_gather_rows(half, positions).reshape(B * P, -1) for half in split_rows(z, cond)])
-        noise = _gather_rows(noise_bank, positions).reshape(B * P, diff_steps, K + 1, C).permute(1, 2, 0, 3)
+        z_rows = head_condition(z, cond, positions)
+        noise = _gather_rows(noise_bank, positions).reshape(B * P, diff_steps + 1, K + 1, C).permute(1, 2, 0, 3)
         scale = config.cfg_scale_at(start + n, N)
-        out = heads.multi_seed_denoise(
+        out = multi_seed_denoise(
             backbone.head, z_rows, sampler, num_seeds=K, cfg=guidance_for(config, scale),
             record_steps=plan.diffusion_steps[j] if j is not None else (),
             temperature=config.temperature, noise=noise,
@@ -165,12 +166,11 @@ def generate(
             prediction.scatter_(1, positions[..., None].expand(-1, -1, C), x0[0])
         if j is not None:
             cfg_scales[j] = scale
-            std = out.std.float().expand(*out.x_t.shape[:-1], out.std.shape[-1])
             records[j] = {
                 "x_t": _batch_first(out.x_t.float(), B, P),
                 "x_prev": _batch_first(out.x_prev.float(), B, P),
                 "mean": _batch_first(out.mean.float(), B, P),
-                "std": _batch_first(std, B, P),
+                "std": _batch_first(out.std.float(), B, P),
                 "logp": _batch_first(out.logp.float(), B, P),
             }
             if unknown_mode:
@@ -184,7 +184,6 @@ def generate(
         parts = [r[name] for r in records]
         return torch.cat(parts, 2) if parts else torch.zeros(B, K + 1, 0, *tail, device=device)
 
-    std_channels = records[0]["std"].shape[-1] if records else 1
     return Rollout(
         prompts=list(prompts),
         seeds=torch.tensor(list(seeds), dtype=torch.long, device=device),
@@ -195,7 +194,7 @@ def generate(
         x_t=cat("x_t", (C,)),
         x_prev=cat("x_prev", (C,)),
         mean=cat("mean", (C,)),
-        std=cat("std", (std_channels,)),
+        std=cat("std", (C,)),
         logp=cat("logp", ()),
         pred_clean=_stack_steps(pred_clean, B, N, C, device),
         pred_clean_prev=_stack_steps(pred_clean_prev, B, N, C, device),

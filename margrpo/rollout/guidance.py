@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from margrpo.heads.cfg import Guidance
 from margrpo.models.base import PromptBatch
 
 from .config import RolloutConfig
@@ -36,16 +37,17 @@ def prompt_rows(backbone, prompts: list[str], config: RolloutConfig, guided: boo
     return PromptRows(cond.cat(uncond), 2)
 
 
-def split_rows(z: torch.Tensor, rows: PromptRows) -> list[torch.Tensor]:
-    """forward_z output [rows_per_image * B, N, Dz] -> [cond] or [cond, uncond], each [B, N, Dz]."""
-    return list(z.chunk(rows.rows_per_image))
+def head_condition(z: torch.Tensor, rows: PromptRows, positions: torch.Tensor) -> torch.Tensor:
+    """forward_z output [rows_per_image * B, N, Dz] at positions [B, P] -> the head's condition rows
+    [B * P, Dz], or [2 * B * P, Dz] = [cond; uncond] under guidance."""
+    B, P = positions.shape
+    index = positions[..., None].expand(-1, -1, z.shape[-1])
+    return torch.cat([half.gather(1, index).reshape(B * P, -1) for half in z.chunk(rows.rows_per_image)])
 
 
 def guidance_for(config: RolloutConfig, scale: float, guided: bool | None = None):
     """The head's guidance setting for one mask step (None when unguided)."""
-    from margrpo.heads import CFG
-
     guided = config.uses_cfg if guided is None else guided
     if not guided:
         return None
-    return CFG(scale=scale, channels=config.cfg_channels)
+    return Guidance(scale=scale, channels=config.cfg_channels)

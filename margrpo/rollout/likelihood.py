@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-from margrpo import heads
+from margrpo.heads.multi_seed import MultiSeedSamples, denoise_logprob
 
-from .guidance import guidance_for, prompt_rows, split_rows
+from .guidance import guidance_for, head_condition, prompt_rows
 from .record import Rollout
 
 LIKELIHOOD_CFG = ("rollout", "none")
@@ -24,14 +24,14 @@ LIKELIHOOD_CFG = ("rollout", "none")
 
 @dataclass
 class RolloutLikelihood:
-    """logp fp32 [T, B, L]; mean fp32 [T, B, L, C] and std fp32 [T, B, L, S] of the policy's
-    transitions (for a Gaussian KL against a reference model); mask bool [B, L]: True where the
+    """logp fp32 [T, B, L]; mean fp32 [T, B, L, C] of the policy's transitions (for a Gaussian KL
+    against a reference model; the std of a fixed-variance sampler is the recorded one, a learned-range
+    variance depends on z and is not returned); mask bool [B, L]: True where the
     transition's token was committed at its mask step (all True in "revealed" mode; in "unknown"
     mode the others are candidates for consistency-aware selection). L covers the requested steps."""
 
     logp: torch.Tensor
     mean: torch.Tensor
-    std: torch.Tensor
     mask: torch.Tensor
 
 
@@ -75,30 +75,30 @@ def rollout_logprob(
     rows = prompt_rows(backbone, rollout.prompts, rollout.config, guided=guided)
     B, R = rollout.batch_size, rollout.plan.num_diffusion_steps
     committed = rollout.l_committed()
-    logps, means, stds, masks = [], [], [], []
+    logps, means, masks = [], [], []
     for j in steps:
         canvas, known = rollout.canvas_known(j)
         positions = rollout.positions(j)
         P = positions.shape[1]
         z = backbone.forward_z(rows.batch, canvas.repeat(rows.rows_per_image, 1, 1), known.repeat(rows.rows_per_image, 1))
-        index = positions[..., None].expand(-1, -1, z.shape[-1])
-        z_rows = torch.cat([half.gather(1, index).reshape(B * P, -1) for half in split_rows(z, rows)])
+        z_rows = head_condition(z, rows, positions)
         part = rollout.l_slice(j)
-        result = heads.denoise_logprob(
-            backbone.head, z_rows, rollout.sampler,
-            x_t=_head_layout(rollout.x_t[:, :, part], R, P),
-            x_prev=_head_layout(rollout.x_prev[:, :, part], R, P),
+        # denoise_logprob reads the recorded steps, x_t and x_prev; the rest rides along as recorded
+        record = MultiSeedSamples(
+            x0=rollout.tokens.new_zeros(0),
             steps=rollout.plan.diffusion_steps[j],
-            cfg=guidance_for(rollout.config, rollout.cfg_scales[j], guided=guided),
-            temperature=rollout.config.temperature,
+            **{name: _head_layout(getattr(rollout, name)[:, :, part], R, P) for name in ("x_t", "x_prev", "mean", "std", "logp")},
         )
-        logps.append(_l_layout(result.logp, B, P))
-        means.append(_l_layout(result.mean, B, P))
-        std = result.std.expand(*result.mean.shape[:-1], result.std.shape[-1])
-        stds.append(_l_layout(std, B, P))
+        logp, mean = denoise_logprob(
+            backbone.head, z_rows, rollout.sampler, record,
+            cfg=guidance_for(rollout.config, rollout.cfg_scales[j], guided=guided),
+            temperature=rollout.config.temperature, return_mean=True,
+        )
+        logps.append(_l_layout(logp, B, P))
+        means.append(_l_layout(mean, B, P))
         masks.append(committed[part].expand(B, -1))
     if not steps:
         T, C, empty = rollout.num_trajectories, rollout.tokens.shape[-1], rollout.tokens.new_zeros
         no_mask = torch.zeros(B, 0, dtype=torch.bool, device=rollout.tokens.device)
-        return RolloutLikelihood(empty(T, B, 0), empty(T, B, 0, C), empty(T, B, 0, 1), no_mask)
-    return RolloutLikelihood(torch.cat(logps, 2), torch.cat(means, 2), torch.cat(stds, 2), torch.cat(masks, 1))
+        return RolloutLikelihood(empty(T, B, 0), empty(T, B, 0, C), no_mask)
+    return RolloutLikelihood(torch.cat(logps, 2), torch.cat(means, 2), torch.cat(masks, 1))

@@ -43,7 +43,7 @@ class Rollout:
       images             fp32  [B, 3, H, W]    backbone.decode(tokens), in [0, 1]
     Recorded transitions (L layout, see the module docstring), T = K + 1:
       x_t, x_prev, mean  fp32  [B, T, L, C]    input, output and policy mean of each transition
-      std                fp32  [B, T, L, S]    its std (S = 1 for a per-step std, C per channel)
+      std                fp32  [B, T, L, C]    its std (per channel, as the head records it)
       logp               fp32  [B, T, L]       log N(x_prev; mean, std^2) summed over channels
     Predicted clean latents ("unknown" mode only, else None), for consistency-aware selection:
       pred_clean         fp32  [B, M, N, C]    at recorded mask step j, the clean latent the head
@@ -57,7 +57,7 @@ class Rollout:
     used at each recorded step), config, sampler.
 
     Memory (bytes; fp32 = 4, int64 = 8; P = sum_j P_j, L = R * P):
-        8 B (1 + N) + 4 B N C (1 + K) + 12 B H W + 4 B (K + 1) L (3 C + S + 1) [+ 8 B M N C unknown mode]
+        8 B (1 + N) + 4 B N C (1 + K) + 12 B H W + 4 B (K + 1) L (4 C + 1) [+ 8 B M N C unknown mode]
     `nbytes()` returns the actual count; `footprint(...)` evaluates this formula.
     """
 
@@ -194,7 +194,7 @@ class Rollout:
         return sum(t.numel() * t.element_size() for t in (getattr(self, n) for n in self._tensor_fields()))
 
     @staticmethod
-    def footprint(B: int, N: int, C: int, K: int, H: int, W: int, L: int, S: int, M: int, unknown_mode: bool) -> int:
+    def footprint(B: int, N: int, C: int, K: int, H: int, W: int, L: int, M: int, unknown_mode: bool) -> int:
         """The memory formula of the class docstring, in bytes."""
-        total = 8 * B * (1 + N) + 4 * B * N * C * (1 + K) + 12 * B * H * W + 4 * B * (K + 1) * L * (3 * C + S + 1)
+        total = 8 * B * (1 + N) + 4 * B * N * C * (1 + K) + 12 * B * H * W + 4 * B * (K + 1) * L * (4 * C + 1)
         return total + (8 * B * M * N * C if unknown_mode else 0)
