@@ -1,0 +1,445 @@
+"""Every weighted reward on a tiny random-init model of its real architecture, written to a temporary
+directory in the official checkpoint layout and key names, then loaded through the reward's own
+loading code. Compared with the documented pipeline (PIL preprocessing + the library's processors)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from margrpo.rewards import CorruptWeightsError, MissingWeightsError, build_reward
+from margrpo.rewards.preprocess import CLIP_MEAN, CLIP_STD, IMAGENET_MEAN, IMAGENET_STD
+
+PROMPTS = ["a red cat", "a cat left of a dog", "two dogs", "a dog"]
+METADATA = [
+    {"task_type": "color", "nouns": ["cat"], "attr_nouns": ["red cat"]},
+    {"task_type": "spatial", "nouns": ["cat", "dog"], "spatial_info": {"obj1": "cat", "obj2": "dog", "locality": "left of"}},
+    {"task_type": "numeracy", "nouns": ["dog"], "numeracy_info": [{"obj_name": "dog", "num": 2}]},
+    {},
+]
+BERT_WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "yes", "no", "a", "red", "cat", "dog", "dogs", "two",
+              "left", "of", "?", ".", "is", "there"]
+
+
+def images_u8(batch: int = 4, height: int = 40, width: int = 48, seed: int = 0) -> torch.Tensor:
+    """Smooth random images (low-res noise upsampled), uint8 [B, 3, H, W]."""
+    g = torch.Generator().manual_seed(seed)
+    low = torch.rand(batch, 3, 5, 6, generator=g)
+    return (torch.nn.functional.interpolate(low, size=(height, width), mode="bilinear") * 255).round().to(torch.uint8)
+
+
+def to_pil(images: torch.Tensor) -> list[Image.Image]:
+    return [Image.fromarray(x.permute(1, 2, 0).numpy()) for x in images]
+
+
+# ---------------------------------------------------------------- tiny checkpoints in official layouts
+def _bytes_to_unicode() -> list[str]:
+    """GPT-2/CLIP byte-level alphabet (the first 256 entries of every CLIP vocab.json)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return [chr(c) for c in cs]
+
+
+def write_clip_tokenizer(directory: Path) -> dict[str, int]:
+    chars = _bytes_to_unicode()
+    vocab = {tok: i for i, tok in enumerate(chars + [c + "</w>" for c in chars])}
+    for tok in ["ca", "cat</w>", "do", "dog</w>", "re", "red</w>", "<|startoftext|>", "<|endoftext|>"]:
+        vocab.setdefault(tok, len(vocab))
+    (directory / "vocab.json").write_text(json.dumps(vocab))
+    (directory / "merges.txt").write_text("#version: 0.2\nc a\nca t</w>\nd o\ndo g</w>\nr e\nre d</w>\n")
+    return vocab
+
+
+def write_clip_processor(directory: Path, size: int = 32) -> None:
+    (directory / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "CLIPImageProcessor", "do_resize": True, "size": {"shortest_edge": size},
+        "resample": 3, "do_center_crop": True, "crop_size": {"height": size, "width": size}, "do_rescale": True,
+        "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": list(CLIP_MEAN), "image_std": list(CLIP_STD),
+        "do_convert_rgb": True}))
+
+
+def write_bert_vocab(directory: Path) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "vocab.txt").write_text("\n".join(BERT_WORDS) + "\n")
+
+
+def make_hf_clip(directory: Path, seed: int) -> Path:
+    from transformers import CLIPConfig, CLIPModel
+
+    directory.mkdir(parents=True, exist_ok=True)
+    vocab = write_clip_tokenizer(directory)
+    write_clip_processor(directory)
+    eos, bos = vocab["<|endoftext|>"], vocab["<|startoftext|>"]
+    config = CLIPConfig(
+        text_config=dict(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, max_position_embeddings=16, eos_token_id=eos, bos_token_id=bos,
+                         pad_token_id=eos),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=32, patch_size=8),
+        projection_dim=16)
+    torch.manual_seed(seed)
+    CLIPModel(config).save_pretrained(directory)
+    return directory
+
+
+OPEN_CLIP_TINY = {"embed_dim": 16,
+                  "vision_cfg": {"image_size": 32, "layers": 1, "width": 32, "head_width": 16, "patch_size": 8},
+                  "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1}}
+
+
+def make_hps(root: Path) -> dict:
+    open_clip = pytest.importorskip("open_clip", reason="hps needs open-clip-torch (the rewards extra)")
+    (root / "hps").mkdir(parents=True, exist_ok=True)
+    arch = root / "hps" / "tiny-ViT-H-14.json"
+    arch.write_text(json.dumps(OPEN_CLIP_TINY))
+    torch.manual_seed(1)
+    model = open_clip.create_model("ViT-H-14", pretrained=None, **OPEN_CLIP_TINY)
+    # the release stores the open_clip state dict under 'state_dict' (as hpsv2 loads it)
+    torch.save({"state_dict": model.state_dict()}, root / "hps" / "HPS_v2.1_compressed.pt")
+    return {"path": str(root / "hps" / "HPS_v2.1_compressed.pt"), "architecture": str(arch)}
+
+
+def make_image_reward(root: Path) -> dict:
+    pytest.importorskip("timm", reason="image_reward needs timm (the rewards extra)")
+    pytest.importorskip("transformers", reason="image_reward needs transformers (the rewards extra)")
+    from margrpo.rewards.image_reward import ImageRewardNet
+
+    directory = root / "image_reward"
+    write_bert_vocab(directory / "bert-base-uncased")
+    med = {"architectures": ["BertModel"], "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+           "num_attention_heads": 2, "max_position_embeddings": 40, "vocab_size": len(BERT_WORDS) + 2,
+           "layer_norm_eps": 1e-12, "hidden_act": "gelu", "model_type": "bert", "add_cross_attention": True,
+           "encoder_width": 64}
+    (directory / "med_config.json").write_text(json.dumps(med))
+    torch.manual_seed(2)
+    net = ImageRewardNet({"embed_dim": 64, "depth": 2, "patch_size": 8, "img_size": 32, "num_heads": 1}, med)
+    for p in net.parameters():  # timm zero-initialises some biases/tokens: make every tensor matter
+        torch.nn.init.normal_(p, std=0.2)
+    state = net.state_dict()
+    state["blip.text_encoder.embeddings.position_ids"] = torch.arange(40).expand(1, -1)  # med.py keeps it
+    torch.save(state, directory / "ImageReward.pt")
+    return {"path": str(directory)}
+
+
+def make_aesthetic(root: Path) -> dict:
+    pytest.importorskip("transformers", reason="aesthetic needs transformers (the rewards extra)")
+    from margrpo.rewards.mlp_head import ScoreMLP
+
+    clip = make_hf_clip(root / "aesthetic" / "clip-vit-large-patch14", seed=3)
+    torch.manual_seed(4)
+    head = ScoreMLP(16)
+    for p in head.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    torch.save(head.state_dict(), root / "aesthetic" / "sac+logos+ava1-l14-linearMSE.pth")
+    return {"path": str(root / "aesthetic" / "sac+logos+ava1-l14-linearMSE.pth"), "clip_path": str(clip)}
+
+
+def make_pickscore(root: Path) -> dict:
+    pytest.importorskip("transformers", reason="pickscore needs transformers (the rewards extra)")
+    return {"path": str(make_hf_clip(root / "pickscore", seed=5))}
+
+
+def make_clipscore(root: Path) -> dict:
+    pytest.importorskip("transformers", reason="clipscore needs transformers (the rewards extra)")
+    return {"path": str(make_hf_clip(root / "clip-vit-large-patch14", seed=6))}
+
+
+def make_git(root: Path) -> dict:
+    pytest.importorskip("transformers", reason="git_vqa needs transformers (the rewards extra)")
+    from transformers import GitConfig, GitForCausalLM
+
+    directory = root / "git-large-vqav2"
+    write_bert_vocab(directory)
+    write_clip_processor(directory)
+    config = GitConfig(
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=32, patch_size=8),
+        vocab_size=len(BERT_WORDS), hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=64, bos_token_id=2, eos_token_id=3, pad_token_id=0)
+    torch.manual_seed(7)
+    model = GitForCausalLM(config)
+    with torch.no_grad():  # larger logits so P(yes) differs visibly between questions
+        model.output.weight.mul_(20)
+    model.save_pretrained(directory)
+    return {"path": str(directory)}
+
+
+def make_grounding_dino(root: Path) -> dict:
+    pytest.importorskip("transformers", reason="grounding_dino needs transformers (the rewards extra)")
+    from transformers import BertConfig, GroundingDinoConfig, GroundingDinoForObjectDetection, SwinConfig
+
+    directory = root / "grounding-dino-tiny"
+    write_bert_vocab(directory)
+    (directory / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "GroundingDinoImageProcessor", "do_resize": True, "resample": 2,
+        "size": {"shortest_edge": 64, "longest_edge": 100}, "do_rescale": True, "rescale_factor": 1 / 255,
+        "do_normalize": True, "image_mean": list(IMAGENET_MEAN), "image_std": list(IMAGENET_STD), "do_pad": True}))
+    config = GroundingDinoConfig(
+        backbone_config=SwinConfig(embed_dim=16, depths=[1, 1, 1, 1], num_heads=[1, 1, 2, 2], window_size=4,
+                                   image_size=64, out_features=["stage2", "stage3", "stage4"]),
+        text_config=BertConfig(vocab_size=len(BERT_WORDS), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                               intermediate_size=64, max_position_embeddings=64),
+        d_model=32, encoder_layers=1, decoder_layers=2, num_queries=12, encoder_ffn_dim=64, decoder_ffn_dim=64,
+        encoder_attention_heads=2, decoder_attention_heads=2, max_text_len=32, use_pretrained_backbone=False,
+        use_timm_backbone=False)
+    torch.manual_seed(8)
+    GroundingDinoForObjectDetection(config).save_pretrained(directory)
+    return {"path": str(directory)}
+
+
+MAKERS = {"hps": make_hps, "image_reward": make_image_reward, "pickscore": make_pickscore,
+          "clipscore": make_clipscore, "aesthetic": make_aesthetic, "git_vqa": make_git,
+          "grounding_dino": make_grounding_dino}
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    """Lazily written tiny checkpoints: weights(name) -> the reward's path options."""
+    root, made = tmp_path_factory.mktemp("weights"), {}
+
+    def get(name: str) -> dict:
+        if name not in made:
+            made[name] = MAKERS[name](root)
+        return made[name]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def built(weights):
+    """built(name, dtype) -> a cached reward instance on the CPU."""
+    cache = {}
+
+    def get(name: str, dtype: str = "float32"):
+        if (name, dtype) not in cache:
+            cache[name, dtype] = build_reward(name, device="cpu", dtype=dtype, **weights(name))
+        return cache[name, dtype]
+
+    return get
+
+
+# ---------------------------------------------------------------- the common contract
+@pytest.mark.parametrize("name", list(MAKERS))
+def test_shape_determinism_batching_and_input_types(built, name):
+    reward = built(name)
+    images = images_u8()
+    scores = reward(images, PROMPTS, METADATA)
+    assert scores.shape == (4,) and scores.dtype == torch.float32 and torch.isfinite(scores).all()
+    torch.testing.assert_close(reward(images, PROMPTS, METADATA), scores, rtol=0, atol=0)  # deterministic
+    singles = torch.cat([reward(images[i:i + 1], PROMPTS[i:i + 1], METADATA[i:i + 1]) for i in range(4)])
+    torch.testing.assert_close(singles, scores, rtol=1e-4, atol=1e-5)  # batch of 4 == four batches of 1
+    torch.testing.assert_close(reward(images.float() / 255, PROMPTS, METADATA), scores, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", list(MAKERS))
+def test_bfloat16_reward_returns_float32_close_to_float32(built, name):
+    images = images_u8()
+    low, full = built(name, "bfloat16"), built(name)
+    assert next(p for p in low.__dict__.values() if isinstance(p, torch.nn.Module) or hasattr(p, "model")) is not None
+    got, want = low(images, PROMPTS, METADATA), full(images, PROMPTS, METADATA)
+    assert got.dtype == torch.float32
+    scale = want.abs().max().item() + 1e-3
+    assert (got - want).abs().max().item() <= 0.1 * scale + 0.02  # detection thresholds may flip a 0.2 step
+    if name == "grounding_dino":
+        return
+    assert (got - want).abs().max().item() <= 0.05 * scale
+
+
+@pytest.mark.parametrize("name", ["hps", "image_reward", "pickscore", "git_vqa"])  # clipscore: same path as pickscore
+def test_scores_depend_on_the_prompt(built, name):
+    reward = built(name)
+    images = images_u8(batch=2)
+    a = reward(images, ["a red cat", "a red cat"], [{}, {}])
+    b = reward(images, ["two dogs", "two dogs"], [{}, {}])
+    assert (a - b).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("name, spec_file", [
+    ("hps", "hps/HPS_v2.1_compressed.pt"), ("image_reward", "image_reward"), ("pickscore", "pickscore"),
+    ("clipscore", "clip-vit-large-patch14"), ("aesthetic", "aesthetic/sac+logos+ava1-l14-linearMSE.pth"),
+    ("git_vqa", "git-large-vqav2"), ("grounding_dino", "grounding-dino-tiny")])
+def test_missing_weights_raise_the_named_error(tmp_path, monkeypatch, name, spec_file):
+    monkeypatch.setenv("MARGRPO_WEIGHTS_DIR", str(tmp_path))
+    with pytest.raises(MissingWeightsError) as err:
+        build_reward(name, device="cpu")
+    text = str(err.value)
+    assert str(tmp_path / spec_file) in text and "expected layout" in text and "published at: http" in text
+
+
+# ---------------------------------------------------------------- per-reward checks against the documented pipeline
+def test_hps_matches_open_clip_pipeline(built, weights):
+    import open_clip
+
+    reward = built("hps")
+    images = images_u8()
+    preprocess = open_clip.image_transform(32, is_train=False)  # HPS's validation transform
+    pixels = torch.stack([preprocess(p) for p in to_pil(images)])
+    ours = reward.transform(images.float() / 255)
+    assert (ours - pixels).abs().max() < 0.03
+    model = open_clip.create_model("ViT-H-14", pretrained=None, output_dict=True, **OPEN_CLIP_TINY)
+    model.load_state_dict(torch.load(weights("hps")["path"], weights_only=True)["state_dict"])
+    model.eval()
+    with torch.no_grad():
+        out = model(pixels, open_clip.get_tokenizer("ViT-H-14")(PROMPTS))
+    expected = (out["image_features"] * out["text_features"]).sum(-1)
+    torch.testing.assert_close(reward(images, PROMPTS), expected, atol=2e-3, rtol=0)
+
+
+def test_hps_corrupt_and_mismatched_checkpoints(tmp_path, weights):
+    spec = weights("hps")
+    bad = tmp_path / "HPS_v2.1_compressed.pt"
+    bad.write_bytes(b"\x00" * 100)
+    with pytest.raises(CorruptWeightsError, match=r"cannot read weights file .*HPS_v2.1_compressed.pt"):
+        build_reward("hps", path=str(bad), architecture=spec["architecture"], device="cpu")
+    state = torch.load(spec["path"], weights_only=True)["state_dict"]
+    state.pop("text_projection")
+    torch.save({"state_dict": state}, bad)
+    with pytest.raises(CorruptWeightsError, match="1 missing keys: text_projection"):
+        build_reward("hps", path=str(bad), architecture=spec["architecture"], device="cpu")
+
+
+def _hf_clip_reference(directory: str, images: torch.Tensor, prompts: list[str]) -> tuple[torch.Tensor, object]:
+    """PickScore as its authors compute it: processor on PIL images, CLIPModel logits_per_image."""
+    from transformers import AutoTokenizer, CLIPImageProcessor, CLIPModel
+
+    processor = CLIPImageProcessor.from_pretrained(directory)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    model = CLIPModel.from_pretrained(directory).eval()
+    pixels = processor(images=to_pil(images), return_tensors="pt")["pixel_values"]
+    tokens = tokenizer(prompts, padding=True, truncation=True, max_length=16, return_tensors="pt")
+    with torch.no_grad():
+        out = model(pixel_values=pixels, input_ids=tokens["input_ids"], attention_mask=tokens["attention_mask"])
+    return out.logits_per_image.diag(), (pixels, model, out)
+
+
+def test_pickscore_and_clipscore_match_the_transformers_pipeline(built, weights):
+    images = images_u8()
+    expected, (pixels, _, _) = _hf_clip_reference(weights("pickscore")["path"], images, PROMPTS)
+    reward = built("pickscore")
+    assert (reward.clip.transform(images.float() / 255) - pixels).abs().max() < 0.03
+    torch.testing.assert_close(reward(images, PROMPTS), expected, atol=0.03, rtol=0)
+    expected_cs, (_, model, out) = _hf_clip_reference(weights("clipscore")["path"], images, PROMPTS)
+    cosine = expected_cs / model.logit_scale.exp()
+    assert (cosine > 0).any() and (cosine < 0).any()  # this seed exercises both sides of the clamp
+    torch.testing.assert_close(built("clipscore")(images, PROMPTS), (100 * cosine).clamp(min=0), atol=0.2, rtol=0)
+
+
+def test_aesthetic_is_the_head_on_normalised_clip_features(built, weights):
+    from margrpo.rewards.mlp_head import ScoreMLP
+
+    images = images_u8()
+    _, (_, model, out) = _hf_clip_reference(weights("aesthetic")["clip_path"], images, PROMPTS)
+    head = ScoreMLP(16)
+    head.load_state_dict(torch.load(weights("aesthetic")["path"], weights_only=True))
+    with torch.no_grad():
+        expected = head.eval()(out.image_embeds)  # image_embeds are L2-normalised
+    got = built("aesthetic")(images, PROMPTS)
+    torch.testing.assert_close(got, expected, atol=0.02 * expected.abs().max().item() + 1e-3, rtol=0)
+    assert torch.equal(got, built("aesthetic")(images, ["unrelated"] * 4))  # prompt-free
+
+
+def test_image_reward_checkpoint_keys_and_transform(built, weights, tmp_path):
+    import torchvision.transforms as T
+
+    state = torch.load(Path(weights("image_reward")["path"]) / "ImageReward.pt", weights_only=True)
+    release_keys = [  # names as in the published ImageReward.pt
+        "blip.visual_encoder.cls_token", "blip.visual_encoder.pos_embed", "blip.visual_encoder.patch_embed.proj.weight",
+        "blip.visual_encoder.blocks.0.attn.qkv.weight", "blip.visual_encoder.blocks.1.mlp.fc2.bias",
+        "blip.visual_encoder.norm.weight", "blip.text_encoder.embeddings.word_embeddings.weight",
+        "blip.text_encoder.embeddings.LayerNorm.bias", "blip.text_encoder.embeddings.position_ids",
+        "blip.text_encoder.encoder.layer.0.attention.self.query.weight",
+        "blip.text_encoder.encoder.layer.0.crossattention.self.key.weight",
+        "blip.text_encoder.encoder.layer.0.crossattention.output.LayerNorm.weight",
+        "blip.text_encoder.encoder.layer.0.output.dense.weight", "blip.vision_proj.weight", "blip.text_proj.bias",
+        "mlp.layers.0.weight", "mlp.layers.2.weight", "mlp.layers.4.weight", "mlp.layers.6.weight", "mlp.layers.7.bias"]
+    assert set(release_keys) <= set(state)
+    assert not any(".pooler." in k or "token_type" in k for k in state)
+    reward = built("image_reward")
+    images = images_u8()
+    documented = T.Compose([T.Resize(32, interpolation=T.InterpolationMode.BICUBIC), T.CenterCrop(32), T.ToTensor(),
+                            T.Normalize(CLIP_MEAN, CLIP_STD)])
+    pixels = torch.stack([documented(p) for p in to_pil(images)])
+    assert (reward.transform(images.float() / 255) - pixels).abs().max() < 0.03
+    # a checkpoint with an unknown extra tensor is rejected by name
+    directory = tmp_path / "ir"
+    directory.mkdir()
+    for f in ("med_config.json",):
+        (directory / f).write_text((Path(weights("image_reward")["path"]) / f).read_text())
+    write_bert_vocab(directory / "bert-base-uncased")
+    torch.save({**state, "blip.text_decoder.cls.bias": torch.zeros(3)}, directory / "ImageReward.pt")
+    with pytest.raises(CorruptWeightsError, match="unexpected keys: blip.text_decoder.cls.bias"):
+        build_reward("image_reward", path=str(directory), device="cpu")
+
+
+def test_git_vqa_matches_the_reference_procedure(built, weights):
+    from transformers import AutoTokenizer, CLIPImageProcessor, GitForCausalLM
+
+    directory = weights("git_vqa")["path"]
+    reward = built("git_vqa")
+    images = images_u8()
+    got = reward(images, PROMPTS, METADATA)
+    # the MAR-GRPO procedure: one question at a time, softmax over the last position's logits
+    processor, tokenizer = CLIPImageProcessor.from_pretrained(directory), AutoTokenizer.from_pretrained(directory)
+    model = GitForCausalLM.from_pretrained(directory).eval()
+    yes, no = tokenizer.encode("yes", add_special_tokens=False)[0], tokenizer.encode("no", add_special_tokens=False)[0]
+    questions = [["red cat?"], None, None, ["a dog?"]]  # spatial/numeracy: 0; no nouns: the prompt
+    for i, qs in enumerate(questions):
+        if qs is None:
+            assert got[i] == 0
+            continue
+        pixels = processor(images=to_pil(images[i:i + 1]), return_tensors="pt")["pixel_values"]
+        probs = []
+        for q in qs:
+            ids = torch.tensor([[tokenizer.cls_token_id] + tokenizer.encode(q, add_special_tokens=False)])
+            with torch.no_grad():
+                p = model(pixel_values=pixels, input_ids=ids).logits[:, -1].softmax(-1)[0]
+            probs.append((p[yes] / (p[yes] + p[no])).item())
+        assert got[i].item() == pytest.approx(float(np.mean(probs)), abs=0.02)
+    two = reward(images[:1].expand(2, -1, -1, -1), ["x", "x"], [{"nouns": ["cat"]}, {"nouns": ["cat", "dog"]}])
+    single = reward(images[:1].expand(2, -1, -1, -1), ["x", "x"], [{"nouns": ["cat"]}, {"nouns": ["dog"]}])
+    assert two[1].item() == pytest.approx((single[0] + single[1]).item() / 2, abs=1e-5)  # mean over questions
+
+
+def test_grounding_dino_transform_matches_its_processor(built, weights):
+    from transformers import GroundingDinoImageProcessor
+
+    processor = GroundingDinoImageProcessor.from_pretrained(weights("grounding_dino")["path"])
+    images = images_u8()
+    expected = processor(images=to_pil(images), return_tensors="pt")["pixel_values"]
+    ours = built("grounding_dino").transform(images.float() / 255)
+    assert ours.shape == expected.shape
+    assert (ours - expected).abs().max() < 0.05
+
+
+def test_grounding_dino_scores_follow_detections(built):
+    from margrpo.rewards.compbench import CompBenchItem
+
+    reward = built("grounding_dino")
+    scores = reward(images_u8(), PROMPTS, METADATA)
+    assert ((scores >= 0) & (scores <= 1)).all()
+    assert scores[3] == 1.0  # no nouns: nothing to violate
+    # the scoring rules on hand-made detections (phrase scores [queries], boxes xyxy [queries, 4])
+    boxes = torch.tensor([[0.05, 0.4, 0.25, 0.6], [0.06, 0.41, 0.26, 0.61], [0.7, 0.4, 0.9, 0.6]])
+    found = {"cat": torch.tensor([0.9, 0.1, 0.1]), "dog": torch.tensor([0.1, 0.2, 0.8])}
+    item = CompBenchItem.from_metadata(METADATA[1], 1)
+    assert reward._score_item(item, found, boxes) == pytest.approx(0.9)  # both found, cat left of dog
+    flipped = CompBenchItem.from_metadata({**METADATA[1], "spatial_info": {"obj1": "dog", "obj2": "cat",
+                                                                            "locality": "left of"}}, 1)
+    assert reward._score_item(flipped, found, boxes) == pytest.approx(0.4)
+    counted = CompBenchItem.from_metadata({"task_type": "numeracy", "numeracy_info": [{"obj_name": "cat", "num": 1}]}, 0)
+    two_cats = {"cat": torch.tensor([0.9, 0.8, 0.1])}  # two overlapping boxes: NMS keeps one
+    assert reward._score_item(counted, two_cats, boxes) == pytest.approx(1.0)
+    counted2 = CompBenchItem.from_metadata({"task_type": "numeracy", "numeracy_info": [{"obj_name": "cat", "num": 2}]}, 0)
+    assert reward._score_item(counted2, two_cats, boxes) == pytest.approx(0.2)
+    objects = CompBenchItem.from_metadata({"nouns": ["cat", "dog", "bird"]}, 0)
+    found["bird"] = torch.tensor([0.1, 0.1, 0.2])
+    assert reward._score_item(objects, found, boxes) == pytest.approx(2 / 3)
