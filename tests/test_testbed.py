@@ -259,13 +259,15 @@ def test_swapped_positions_lower_spatial_only():
     assert_drop(perturbed_scores("spatial", swap, n=48), "spatial", ("color", "shape", "count"))
 
 
-def test_heavy_noise_lowers_scores():
+def test_heavy_noise_lowers_scores_and_makes_no_objects():
     prompts = random_prompts(64, seed=12)
     images = render_batch(prompts, 12)
-    noisy = (images + 0.6 * torch.randn(images.shape, generator=torch.Generator().manual_seed(1))).clamp(0, 1)
-    scores = score(noisy, prompts)
-    assert scores["overall"].mean() < 0.5
-    assert torch.all(scores["count"] < 1)  # noise blobs become extra objects or break real ones
+    noise = torch.randn(images.shape, generator=torch.Generator().manual_seed(1))
+    scores = score((images + 0.6 * noise).clamp(0, 1), prompts)
+    assert scores["overall"].mean() < 0.3 and (scores["overall"] < 1).float().mean() > 0.9
+    # pure noise: speckle is never taken for objects, so nothing asked for is found
+    pure = score(torch.rand(images.shape, generator=torch.Generator().manual_seed(2)), prompts)
+    assert torch.all(pure["color"] == 0) and torch.all(pure["overall"] == 0)
 
 
 def test_blank_image_scores_zero_except_vacuous_spatial():

@@ -2,8 +2,10 @@
 
 Parsing: every pixel takes the nearest of the palette colors or the black background; each color's
 pixels are split into 8-connected components (label propagation with max-pooling, batched over images
-and colors); components smaller than MIN_AREA pixels (at 32x32, scaled with the image area) or
-thinner than 3 pixels are dropped as noise. A component's shape is the nearest prototype in
+and colors). A component is an object only if it looks like one: at least MIN_AREA pixels (at
+32x32, scaled with the image area), a bounding box at least MIN_SIDE pixels wide and high with an
+aspect ratio within MAX_ASPECT, and a fill ratio of at least MIN_FILL (rendered shapes fill 0.57 to
+1 of their box; speckle and noise blobs are thin or ragged). A component's shape is the nearest prototype in
 (fill ratio = area / bounding-box area, vertical asymmetry = how far below the box middle its centroid
 lies): squares fill their box, circles about 0.8 of it, upward triangles about 0.6 with a low centroid.
 
@@ -29,8 +31,10 @@ import torch.nn.functional as F
 from .grammar import SceneSpec, parse_prompt
 from .world import BACKGROUND_RGB, COLOR_NAMES, COLORS, IMAGE_SIZE, RELATIONS, SHAPES
 
-MIN_AREA = 8  # pixels at 32x32
+MIN_AREA = 16  # pixels at 32x32 (the smallest rendered shape has 31)
 MIN_SIDE = 3  # pixels: thinner components are noise, not objects
+MAX_ASPECT = 2.0  # rendered shapes have square boxes; allow blurry ones up to 2:1
+MIN_FILL = 0.45  # area / box area; rendered triangles fill about 0.57-0.67
 RELATION_MARGIN = 1.0  # pixels at 32x32
 ASYMMETRY_WEIGHT = 2.0  # weight of the vertical asymmetry against the fill ratio in shape matching
 # (fill ratio, vertical asymmetry) per shape, in SHAPES order
@@ -118,7 +122,9 @@ def detect(images: torch.Tensor) -> Detections:
     prototypes = SHAPE_PROTOTYPES * torch.tensor([1.0, ASYMMETRY_WEIGHT], dtype=torch.float64)
     shape = torch.cdist(features, prototypes).argmin(1)
 
+    aspect = torch.maximum(box_h / box_w, box_w / box_h)
     keep = (area >= MIN_AREA * pixel_scale) & (box_h >= MIN_SIDE) & (box_w >= MIN_SIDE)
+    keep &= (aspect <= MAX_ASPECT) & (fill >= MIN_FILL)
     per_image = len(COLOR_NAMES) * (height * width + 1)
     return Detections(
         image=(keys // per_image)[keep],
