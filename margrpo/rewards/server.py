@@ -71,11 +71,14 @@ def _handler_for(server: RewardServer) -> type[BaseHTTPRequestHandler]:
             pass
 
         def _reply(self, status: int, body: bytes, content_type: str = CONTENT_TYPE) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):
+                self.close_connection = True  # the client gave up (timeout): nobody to answer
 
         def _error(self, status: int, message: str) -> None:
             self._reply(status, json.dumps({"error": message}).encode(), "application/json")
@@ -98,11 +101,13 @@ def _handler_for(server: RewardServer) -> type[BaseHTTPRequestHandler]:
                 self._error(404, f"reward {name!r} is not served here; serving: {', '.join(sorted(server.rewards))}")
                 return
             try:
-                self._reply(200, server.score(name, body))
+                reply = server.score(name, body)
             except (PayloadError, ValueError, TypeError) as err:
                 self._error(400, str(err))
             except Exception as err:  # the reward failed: the client may retry
                 self._error(500, f"{type(err).__name__}: {err}")
+            else:
+                self._reply(200, reply)
 
     return Handler
 
