@@ -296,3 +296,124 @@ def test_rollout_matches_plain_reference_at_the_planned_steps(backbone, sampler,
             for r, i in enumerate(rollout.plan.diffusion_steps[j]):
                 for value, expected in zip(got, ref["transitions"][(step, i)]):
                     torch.testing.assert_close(value[r], expected.float(), atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------- training likelihood
+@pytest.fixture(scope="module")
+def backbone64(backbone):
+    import copy
+
+    return copy.deepcopy(backbone).double()
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("overrides", [
+    dict(),
+    dict(cfg_scale=3.0, cfg_channels="eps", cfg_schedule="linear", schedule="harmon"),
+    dict(cfg_scale=2.5, likelihood_positions="unknown", temperature=0.8),
+])
+def test_on_policy_recomputation_equals_recorded_logprobs(backbone, backbone64, sampler, overrides, dtype):
+    """The key property: recomputed under the rollout's own policy, every recorded transition has the
+    recorded log-prob (ratio 1). Exact in float64; in float32 the head's batched GEMMs sum in a
+    different order than in the rollout, and a low-noise step amplifies that by |x_prev - mean| / std^2."""
+    from margrpo.rollout import rollout_logprob
+
+    model = backbone64 if dtype == torch.float64 else backbone
+    rollout = _run(model, sampler, _config(**overrides))
+    assert rollout.logp.dtype == dtype
+    likelihood = rollout_logprob(model, rollout)
+    T, B, L = rollout.num_trajectories, rollout.batch_size, rollout.logp.shape[-1]
+    assert likelihood.logp.shape == (T, B, L) and likelihood.mean.shape == (T, B, L, model.token_channels)
+    assert torch.isfinite(rollout.logp).all() and rollout.logp.abs().sum() > 0
+    tol = dict(atol=1e-9, rtol=1e-9) if dtype == torch.float64 else dict(atol=1e-3, rtol=1e-4)
+    torch.testing.assert_close(likelihood.logp, rollout.logp.transpose(0, 1), **tol)
+    tol = dict(atol=1e-10, rtol=1e-10) if dtype == torch.float64 else dict(atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(likelihood.mean, rollout.mean.transpose(0, 1), **tol)
+    assert torch.equal(likelihood.mask, rollout.l_committed().expand(B, -1))
+
+
+def test_likelihood_gradient_reaches_backbone_not_head(backbone, sampler):
+    from margrpo.rollout import rollout_logprob
+
+    rollout = _run(backbone, sampler, _config(cfg_scale=2.0))
+    backbone.zero_grad(set_to_none=True)
+    rollout_logprob(backbone, rollout).logp.sum().backward()
+    grads = {name: p.grad for name, p in backbone.named_parameters()}
+    assert all(g is None for name, g in grads.items() if name.startswith("head."))
+    for name in ("word_embed.weight", "token_in.weight", "mask_embed", "pos_embed", "mix.weight", "out.2.weight"):
+        assert grads[name] is not None and grads[name].abs().sum() > 0, name
+    backbone.zero_grad(set_to_none=True)
+
+
+def test_likelihood_steps_subset_and_cfg_option(backbone, sampler):
+    from margrpo.rollout import rollout_logprob
+
+    rollout = _run(backbone, sampler, _config(cfg_scale=3.0))
+    with torch.no_grad():
+        full = rollout_logprob(backbone, rollout)
+        one = rollout_logprob(backbone, rollout, steps=[1])
+        unguided = rollout_logprob(backbone, rollout, cfg="none")
+        empty = rollout_logprob(backbone, rollout, steps=[])
+    torch.testing.assert_close(one.logp, full.logp[:, :, rollout.l_slice(1)])
+    assert unguided.logp.shape == full.logp.shape and torch.isfinite(unguided.logp).all()
+    assert (unguided.logp - full.logp).abs().max() > 1e-3  # the conditional branch alone is another policy
+    assert empty.logp.shape == (rollout.num_trajectories, 3, 0)
+
+
+def test_select_and_to(backbone64, sampler):
+    from margrpo.rollout import rollout_logprob
+
+    rollout = _run(backbone64, sampler, _config(cfg_scale=2.0, likelihood_positions="unknown"))
+    part = rollout.select([2, 0])
+    assert part.prompts == [PROMPTS[2], PROMPTS[0]]
+    for name in ("seeds", "order", "tokens", "seed_tokens", "images", "x_t", "x_prev", "mean", "std", "logp",
+                 "pred_clean", "pred_clean_prev"):
+        assert torch.equal(getattr(part, name), getattr(rollout, name)[[2, 0]]), name
+    assert torch.equal(rollout.select(torch.tensor([False, True, True])).tokens, rollout.tokens[1:])
+    assert torch.equal(rollout.select(slice(0, 2)).order, rollout.order[:2])
+    with torch.no_grad():
+        recomputed = rollout_logprob(backbone64, part).logp
+    torch.testing.assert_close(recomputed, rollout.logp[[2, 0]].transpose(0, 1), atol=1e-9, rtol=1e-9)
+    moved = rollout.to("meta")
+    assert all(getattr(moved, n).device.type == "meta" for n in moved._tensor_fields())
+    assert rollout.tokens.device.type == "cpu"
+    with pytest.raises(IndexError, match="index"):
+        rollout.select([3])
+
+
+# ---------------------------------------------------------------- layout helpers and memory
+def test_l_layout_helpers(backbone, sampler):
+    rollout = _run(backbone, sampler, _config(likelihood_positions="unknown", record_mask_steps=4))
+    B, N, M = 3, backbone.num_tokens, 4
+    positions = rollout.l_positions()
+    assert positions.shape == rollout.logp.shape[::2]
+    ids = torch.arange(N).expand(B, N)
+    assert torch.equal(rollout.expand_to_l(ids), positions)
+    per_step = torch.arange(M)[None, :, None].expand(B, M, N)
+    assert torch.equal(rollout.expand_to_l(per_step), rollout.l_step().expand(B, -1))
+    committed = rollout.l_committed()
+    R = rollout.plan.num_diffusion_steps
+    assert int(committed.sum()) == R * sum(rollout.step_revealed(j) for j in range(M))
+    for j in range(M):
+        canvas, known = rollout.canvas_known(j)
+        assert int(known.sum(1)[0]) == rollout.step_start(j)
+        assert torch.equal(canvas[known], rollout.tokens[known]) and not canvas[~known].any()
+        # unknown mode: the likelihood positions are exactly those unknown before the step
+        assert not known.gather(1, rollout.positions(j)).any()
+        assert rollout.positions(j).shape[1] == N - rollout.step_start(j)
+    with pytest.raises(ValueError, match="values"):
+        rollout.expand_to_l(torch.zeros(B, N + 1))
+
+
+@pytest.mark.parametrize("overrides", [dict(), dict(likelihood_positions="unknown", num_seeds=3, cfg_scale=2.0), dict(record_mask_steps=0)])
+def test_memory_formula_matches_bytes(backbone, backbone64, sampler, overrides):
+    from margrpo.rollout import Rollout
+
+    rollout = _run(backbone, sampler, _config(**overrides))
+    B, N, C = rollout.tokens.shape
+    K, (H, W) = rollout.seed_tokens.shape[1], rollout.images.shape[2:]
+    L, M = rollout.logp.shape[-1], rollout.plan.num_mask_steps
+    unknown = rollout.config.likelihood_positions == "unknown"
+    assert rollout.nbytes() == Rollout.footprint(B, N, C, K, H, W, L, M, unknown) > 0
+    rollout64 = _run(backbone64, sampler, _config(**overrides))
+    assert rollout64.nbytes() == Rollout.footprint(B, N, C, K, H, W, L, M, unknown, float_bytes=8)

@@ -58,19 +58,21 @@ def _check_plan(plan: RecordPlan, counts: list[int], sampler) -> None:
             )
 
 
-def _module_device(backbone) -> torch.device:
-    for tensor in list(backbone.parameters()) + list(backbone.buffers()):
-        return tensor.device
-    return torch.device("cpu")
+def _device_and_dtype(backbone) -> tuple[torch.device, torch.dtype]:
+    """Where the rollout lives, and its float dtype: float64 for a float64 backbone (exact tests),
+    else float32 (the head's accumulation dtype; a bf16 backbone still records fp32)."""
+    for tensor in backbone.parameters():
+        return tensor.device, torch.float64 if tensor.dtype == torch.float64 else torch.float32
+    return torch.device("cpu"), torch.float32
 
 
-def _draw_randomness(seeds, N: int, diff_steps: int, trajectories: int, C: int, device):
+def _draw_randomness(seeds, N: int, diff_steps: int, trajectories: int, C: int, device, dtype):
     """Per image, from its own generator: the order [N], then the noise bank [N, T_diff + 1, K+1, C]
     (the head's noise layout: index 0 the initial x_T, index i + 1 the noise of diffusion step i)."""
     orders, banks = [], []
     for generator in make_generators(seeds, device):
         orders.append(torch.randperm(N, generator=generator, device=device))
-        banks.append(torch.randn(N, diff_steps + 1, trajectories, C, generator=generator, device=device))
+        banks.append(torch.randn(N, diff_steps + 1, trajectories, C, generator=generator, device=device, dtype=dtype))
     return torch.stack(orders), torch.stack(banks)
 
 
@@ -88,11 +90,11 @@ def _batch_first(recorded: torch.Tensor, B: int, P: int) -> torch.Tensor:
     return out.reshape(B, T, R * P, *tail)
 
 
-def _stack_steps(per_step: list[torch.Tensor] | None, B: int, N: int, C: int, device) -> torch.Tensor | None:
-    """M tensors [B, N, C] -> [B, M, N, C] (None stays None)."""
+def _stack_steps(per_step: list[torch.Tensor] | None, like: torch.Tensor) -> torch.Tensor | None:
+    """M tensors [B, N, C] -> [B, M, N, C] (None stays None); `like` [B, N, C] gives the empty case."""
     if per_step is None:
         return None
-    return torch.stack(per_step, 1) if per_step else torch.zeros(B, 0, N, C, device=device)
+    return torch.stack(per_step, 1) if per_step else like.new_zeros(like.shape[0], 0, *like.shape[1:])
 
 
 @torch.no_grad()
@@ -115,14 +117,14 @@ def generate(
     _check_inputs(prompts, seeds, config)
     B, N, C = len(prompts), backbone.num_tokens, backbone.token_channels
     K, diff_steps = config.num_seeds, sampler.num_steps
-    device = _module_device(backbone)
+    device, dtype = _device_and_dtype(backbone)
     counts = mask_schedule(N, config.num_mask_steps, config.schedule)
     if plan is None:
         plan_rng = torch.Generator().manual_seed(plan_seed(seeds))
         plan = choose_plan(counts, sampler, config.record_mask_steps, config.record_diffusion_steps, plan_rng)
     _check_plan(plan, counts, sampler)
 
-    order, noise_bank = _draw_randomness(seeds, N, diff_steps, K + 1, C, device)
+    order, noise_bank = _draw_randomness(seeds, N, diff_steps, K + 1, C, device, dtype)
     cond = prompt_rows(backbone, list(prompts), config)
     steps = effective_steps(counts)
     recorded_index = {step: j for j, step in enumerate(plan.mask_steps)}
@@ -131,13 +133,13 @@ def generate(
     # the consistency test's previous prediction
     needs_prev = {steps[k - 1] for k in range(1, len(steps)) if steps[k] in recorded_index} if unknown_mode else set()
 
-    canvas = torch.zeros(B, N, C, device=device)
+    canvas = torch.zeros(B, N, C, device=device, dtype=dtype)
     known = torch.zeros(B, N, dtype=torch.bool, device=device)
-    seed_tokens = torch.zeros(B, K, N, C, device=device)
+    seed_tokens = torch.zeros(B, K, N, C, device=device, dtype=dtype)
     records: list[dict[str, torch.Tensor]] = [{} for _ in plan.mask_steps]
     cfg_scales = [0.0] * len(plan.mask_steps)
-    pred_clean = [torch.zeros(B, N, C, device=device) for _ in plan.mask_steps] if unknown_mode else None
-    pred_clean_prev = [torch.zeros(B, N, C, device=device) for _ in plan.mask_steps] if unknown_mode else None
+    pred_clean = [torch.zeros_like(canvas) for _ in plan.mask_steps] if unknown_mode else None
+    pred_clean_prev = [torch.zeros_like(canvas) for _ in plan.mask_steps] if unknown_mode else None
     last_prediction = None
 
     start = 0
@@ -156,7 +158,7 @@ def generate(
             record_steps=plan.diffusion_steps[j] if j is not None else (),
             temperature=config.temperature, noise=noise,
         )
-        x0 = out.x0.float().reshape(K + 1, B, P, C)
+        x0 = out.x0.to(dtype).reshape(K + 1, B, P, C)
         committed = positions[:, :n]
         canvas.scatter_(1, committed[..., None].expand(-1, -1, C), x0[0, :, :n])
         known.scatter_(1, committed, True)
@@ -167,11 +169,7 @@ def generate(
         if j is not None:
             cfg_scales[j] = scale
             records[j] = {
-                "x_t": _batch_first(out.x_t.float(), B, P),
-                "x_prev": _batch_first(out.x_prev.float(), B, P),
-                "mean": _batch_first(out.mean.float(), B, P),
-                "std": _batch_first(out.std.float(), B, P),
-                "logp": _batch_first(out.logp.float(), B, P),
+                name: _batch_first(getattr(out, name).to(dtype), B, P) for name in ("x_t", "x_prev", "mean", "std", "logp")
             }
             if unknown_mode:
                 pred_clean[j] = prediction
@@ -182,7 +180,7 @@ def generate(
 
     def cat(name: str, tail: tuple[int, ...]) -> torch.Tensor:
         parts = [r[name] for r in records]
-        return torch.cat(parts, 2) if parts else torch.zeros(B, K + 1, 0, *tail, device=device)
+        return torch.cat(parts, 2) if parts else torch.zeros(B, K + 1, 0, *tail, device=device, dtype=dtype)
 
     return Rollout(
         prompts=list(prompts),
@@ -190,14 +188,14 @@ def generate(
         order=order,
         tokens=canvas,
         seed_tokens=seed_tokens,
-        images=backbone.decode(canvas).float(),
+        images=backbone.decode(canvas).to(dtype),
         x_t=cat("x_t", (C,)),
         x_prev=cat("x_prev", (C,)),
         mean=cat("mean", (C,)),
         std=cat("std", (C,)),
         logp=cat("logp", ()),
-        pred_clean=_stack_steps(pred_clean, B, N, C, device),
-        pred_clean_prev=_stack_steps(pred_clean_prev, B, N, C, device),
+        pred_clean=_stack_steps(pred_clean, canvas),
+        pred_clean_prev=_stack_steps(pred_clean_prev, canvas),
         reveal_counts=tuple(counts),
         plan=plan,
         cfg_scales=tuple(cfg_scales),

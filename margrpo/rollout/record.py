@@ -56,9 +56,12 @@ class Rollout:
     Shared by the batch (plain Python): reveal_counts (S ints), plan, cfg_scales (the guidance scale
     used at each recorded step), config, sampler.
 
-    Memory (bytes; fp32 = 4, int64 = 8; P = sum_j P_j, L = R * P):
-        8 B (1 + N) + 4 B N C (1 + K) + 12 B H W + 4 B (K + 1) L (4 C + 1) [+ 8 B M N C unknown mode]
-    `nbytes()` returns the actual count; `footprint(...)` evaluates this formula.
+    Float tensors are fp32 (fp64 when the backbone is fp64, for exact tests).
+
+    Memory in bytes, with f = 4 bytes per float (8 for fp64), int64 = 8, L = R * sum_j P_j:
+        8 B (1 + N) + f B [N C (1 + K) + 3 H W + (K + 1) L (4 C + 1)]   [+ 2 f B M N C in unknown mode]
+    e.g. NOVA-like B=16, N=1024, C=16, K=3, 512x512 images, M=12, R=10, revealed mode (L = 10 x ~200):
+    about 75 MB. `nbytes()` returns the actual count; `footprint(...)` evaluates this formula.
     """
 
     prompts: list[str]
@@ -194,7 +197,8 @@ class Rollout:
         return sum(t.numel() * t.element_size() for t in (getattr(self, n) for n in self._tensor_fields()))
 
     @staticmethod
-    def footprint(B: int, N: int, C: int, K: int, H: int, W: int, L: int, M: int, unknown_mode: bool) -> int:
+    def footprint(B: int, N: int, C: int, K: int, H: int, W: int, L: int, M: int, unknown_mode: bool,
+                  float_bytes: int = 4) -> int:
         """The memory formula of the class docstring, in bytes."""
-        total = 8 * B * (1 + N) + 4 * B * N * C * (1 + K) + 12 * B * H * W + 4 * B * (K + 1) * L * (4 * C + 1)
-        return total + (8 * B * M * N * C if unknown_mode else 0)
+        floats = N * C * (1 + K) + 3 * H * W + (K + 1) * L * (4 * C + 1) + (2 * M * N * C if unknown_mode else 0)
+        return 8 * B * (1 + N) + float_bytes * B * floats
