@@ -417,3 +417,114 @@ def test_memory_formula_matches_bytes(backbone, backbone64, sampler, overrides):
     assert rollout.nbytes() == Rollout.footprint(B, N, C, K, H, W, L, M, unknown) > 0
     rollout64 = _run(backbone64, sampler, _config(**overrides))
     assert rollout64.nbytes() == Rollout.footprint(B, N, C, K, H, W, L, M, unknown, float_bytes=8)
+
+
+# ---------------------------------------------------------------- seeding of the rollout
+def test_same_seeds_reproduce_the_rollout_exactly(backbone, sampler):
+    config = _config(cfg_scale=2.0)
+    first, second = _run(backbone, sampler, config), _run(backbone, sampler, config)
+    assert first.plan == second.plan
+    for name in ("order", "tokens", "seed_tokens", "images", "x_t", "x_prev", "logp"):
+        assert torch.equal(getattr(first, name), getattr(second, name)), name
+
+
+def test_samples_do_not_depend_on_the_rest_of_the_batch(backbone64, sampler):
+    config = _config(cfg_scale=2.0)
+    full = _run(backbone64, sampler, config)
+    alone = _run(backbone64, sampler, config, seeds=[7], prompts=PROMPTS[2:])
+    assert torch.equal(alone.order[0], full.order[2])
+    torch.testing.assert_close(alone.tokens[0], full.tokens[2], atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(alone.seed_tokens[0], full.seed_tokens[2], atol=1e-12, rtol=1e-12)
+
+
+def test_different_samples_get_different_noise(backbone, sampler):
+    # images 0 and 1 share the prompt; only their seeds differ
+    rollout = _run(backbone, sampler, _config(), seeds=group_seeds(3, 0, [0], 2) + [9])
+    assert not torch.equal(rollout.order[0], rollout.order[1])
+    assert (rollout.tokens[0] - rollout.tokens[1]).abs().min() > 0
+    # and the K seed trajectories of a token differ from its main trajectory and from each other
+    trajectories = torch.cat([rollout.tokens[:, None], rollout.seed_tokens], 1)  # [B, K+1, N, C]
+    for a in range(3):
+        for b in range(a + 1, 3):
+            assert (trajectories[:, a] - trajectories[:, b]).abs().amin(-1).min() > 0
+    # a different seed for the same (prompt, position) changes the recorded initial noise as well
+    plan = RecordPlan(mask_steps=(2,), diffusion_steps=((0, 1, 2),))
+    one = _run(backbone, sampler, _config(record_mask_steps=1), seeds=[1, 2, 3], plan=plan)
+    two = _run(backbone, sampler, _config(record_mask_steps=1), seeds=[1, 2, 4], plan=plan)
+    assert torch.equal(one.x_t[:2], two.x_t[:2]) and not torch.allclose(one.x_t[2], two.x_t[2])
+
+
+# ---------------------------------------------------------------- "unknown" mode: predicted clean latents
+def test_unknown_mode_predictions(backbone, sampler):
+    from margrpo.rollout import effective_steps, mask_schedule
+
+    config = _config(likelihood_positions="unknown", cfg_scale=2.0)
+    effective = effective_steps(mask_schedule(backbone.num_tokens, config.num_mask_steps, config.schedule))
+    # record every effective step, and diffusion step 0 whose x_t is the initial noise x_T
+    plan = RecordPlan(tuple(effective), tuple((0, 2, 4) for _ in effective))
+    rollout = _run(backbone, sampler, config, plan=plan)
+    M = len(effective)
+    assert rollout.pred_clean.shape == (3, M, backbone.num_tokens, backbone.token_channels)
+    assert not rollout.pred_clean_prev[:, 0].any()  # nothing before the first effective step
+    torch.testing.assert_close(rollout.pred_clean_prev[:, 1:], rollout.pred_clean[:, :-1], atol=0, rtol=0)
+    torch.testing.assert_close(rollout.pred_clean[:, -1], rollout.tokens, atol=0, rtol=0)  # last step commits all
+    for j in range(M):
+        _, known = rollout.canvas_known(j)
+        committed = rollout.positions(j)[:, : rollout.step_revealed(j)]
+        after = known.scatter(1, committed, True)
+        assert torch.equal(rollout.pred_clean[:, j][after], rollout.tokens[after])
+        # the predictions for positions that stay masked are samples of the head, not the final tokens
+        if (~after).any():
+            assert not torch.allclose(rollout.pred_clean[:, j][~after], rollout.tokens[~after])
+        # common random numbers: a position's initial noise x_T is the same at every mask step
+        x_T = rollout.x_t[:, :, rollout.l_slice(j)][:, :, : rollout.step_positions_count(j)]  # r = 0 block
+        if j + 1 < M:
+            later = rollout.x_t[:, :, rollout.l_slice(j + 1)][:, :, : rollout.step_positions_count(j + 1)]
+            skip = rollout.step_revealed(j)
+            assert torch.equal(x_T[:, :, skip:], later)
+
+
+# ---------------------------------------------------------------- plans and bad input
+def test_plan_never_picks_deterministic_or_empty_steps(sampler):
+    counts = schedule.nova_schedule(12, 6)
+    assert counts[0] == 0 and sampler.is_deterministic(5)
+    for seed in range(20):
+        plan = choose_plan(counts, sampler, 4, 3, torch.Generator().manual_seed(seed))
+        assert len(plan.mask_steps) == 4 and list(plan.mask_steps) == sorted(set(plan.mask_steps))
+        assert 0 not in plan.mask_steps
+        for steps in plan.diffusion_steps:
+            assert len(steps) == 3 == len(set(steps)) and 5 not in steps and list(steps) == sorted(steps)
+    with pytest.raises(ValueError, match="record_mask_steps"):
+        choose_plan(counts, sampler, 6, 3, torch.Generator())
+    with pytest.raises(ValueError, match="record_diffusion_steps"):
+        choose_plan(counts, sampler, 2, 6, torch.Generator())
+
+
+def test_bad_input_names_the_argument(backbone, sampler):
+    from margrpo.rollout import generate, rollout_logprob
+
+    config = _config()
+    cases = [
+        (dict(prompts=[]), "prompts"),
+        (dict(prompts="a red square"), "prompts"),
+        (dict(seeds=[1, 2]), "seeds"),
+        (dict(seeds=[1, 2, -3]), "seeds"),
+        (dict(plan=RecordPlan((0,), ((0, 1, 2),))), "plan.mask_steps"),  # step 0 reveals nothing
+        (dict(plan=RecordPlan((1,), ((0, 1, 5),))), "plan.diffusion_steps"),  # 5 is deterministic
+        (dict(config=_config(record_mask_steps=9)), "record_mask_steps"),
+    ]
+    for change, name in cases:
+        kwargs = dict(prompts=PROMPTS, config=config, seeds=[1, 2, 3], plan=None) | change
+        with pytest.raises(ValueError, match=name):
+            generate(backbone, kwargs["prompts"], kwargs["config"], kwargs["seeds"], sampler=sampler, plan=kwargs["plan"])
+    with pytest.raises(TypeError, match="config"):
+        generate(backbone, PROMPTS, {"cfg_scale": 2.0}, [1, 2, 3], sampler=sampler)
+    with pytest.raises(ValueError, match="cfg_scale"):
+        RolloutConfig(cfg_scale=-1.0)
+    with pytest.raises(ValueError, match="unknown words"):
+        generate(backbone, ["a purple square"], config, [1], sampler=sampler)
+    rollout = _run(backbone, sampler, config)
+    with pytest.raises(ValueError, match="cfg"):
+        rollout_logprob(backbone, rollout, cfg="half")
+    with pytest.raises(ValueError, match="steps"):
+        rollout_logprob(backbone, rollout, steps=[3])
