@@ -131,7 +131,7 @@ class TinyTestBackbone(nn.Module):
 
     def __init__(self, num_tokens: int = 12, channels: int = 4, width: int = 24, z_channels: int = 16, learn_sigma: bool = True):
         super().__init__()
-        from margrpo.heads.mar_head import SimpleMLPAdaLN
+        from margrpo.heads import SimpleMLPAdaLN, reinit_zero_layers_
 
         self.num_tokens, self.token_channels = num_tokens, channels
         self.vocab = {w: i + 1 for i, w in enumerate(WORDS)}  # 0 pads
@@ -142,9 +142,8 @@ class TinyTestBackbone(nn.Module):
         self.mix = nn.Linear(width, width)
         self.out = nn.Sequential(nn.Linear(2 * width, width), nn.SiLU(), nn.Linear(width, z_channels))
         self.head = SimpleMLPAdaLN(channels, 32, 2 * channels if learn_sigma else channels, z_channels, 2)
-        for layer in self.head.zero_init_layers():
-            nn.init.normal_(layer.weight, std=0.2)
-            nn.init.normal_(layer.bias, std=0.05)
+        with torch.no_grad():
+            reinit_zero_layers_(self.head, std=0.2)
         self.head.requires_grad_(False)
 
     def encode_prompts(self, prompts: list[str]) -> PromptBatch:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-from margrpo.heads.multi_seed import multi_seed_denoise
+from margrpo.heads import multi_seed_denoise
 
 from .config import RolloutConfig
 from .guidance import guidance_for, head_condition, prompt_rows

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from margrpo.heads.cfg import Guidance
+from margrpo.heads import Guidance
 from margrpo.models.base import PromptBatch
 
 from .config import RolloutConfig

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from margrpo.heads.multi_seed import MultiSeedSamples, denoise_logprob
+from margrpo.heads import MultiSeedSamples, denoise_logprob
 
 from .guidance import guidance_for, head_condition, prompt_rows
 from .record import Rollout
