@@ -3,7 +3,6 @@ directory in the official checkpoint layout and key names, then loaded through t
 loading code. Compared with the documented pipeline (PIL preprocessing + the library's processors)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -11,8 +10,9 @@ import pytest
 import torch
 from PIL import Image
 
-from margrpo.rewards import CorruptWeightsError, MissingWeightsError, build_reward
-from margrpo.rewards.preprocess import CLIP_MEAN, CLIP_STD, IMAGENET_MEAN, IMAGENET_STD
+from margrpo.rewards import CorruptWeightsError, MissingWeightsError, build_reward, synthetic
+from margrpo.rewards.preprocess import CLIP_MEAN, CLIP_STD
+from margrpo.rewards.synthetic import OPEN_CLIP_TINY, write_bert_vocab
 
 PROMPTS = ["a red cat", "a cat left of a dog", "two dogs", "a dog"]
 METADATA = [
@@ -21,8 +21,6 @@ METADATA = [
     {"task_type": "numeracy", "nouns": ["dog"], "numeracy_info": [{"obj_name": "dog", "num": 2}]},
     {},
 ]
-BERT_WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "yes", "no", "a", "red", "cat", "dog", "dogs", "two",
-              "left", "of", "?", ".", "is", "there"]
 
 
 def images_u8(batch: int = 4, height: int = 40, width: int = 48, seed: int = 0) -> torch.Tensor:
@@ -37,168 +35,9 @@ def to_pil(images: torch.Tensor) -> list[Image.Image]:
 
 
 # ---------------------------------------------------------------- tiny checkpoints in official layouts
-def _bytes_to_unicode() -> list[str]:
-    """GPT-2/CLIP byte-level alphabet (the first 256 entries of every CLIP vocab.json)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return [chr(c) for c in cs]
-
-
-def write_clip_tokenizer(directory: Path) -> dict[str, int]:
-    chars = _bytes_to_unicode()
-    vocab = {tok: i for i, tok in enumerate(chars + [c + "</w>" for c in chars])}
-    for tok in ["ca", "cat</w>", "do", "dog</w>", "re", "red</w>", "<|startoftext|>", "<|endoftext|>"]:
-        vocab.setdefault(tok, len(vocab))
-    (directory / "vocab.json").write_text(json.dumps(vocab))
-    (directory / "merges.txt").write_text("#version: 0.2\nc a\nca t</w>\nd o\ndo g</w>\nr e\nre d</w>\n")
-    return vocab
-
-
-def write_clip_processor(directory: Path, size: int = 32) -> None:
-    (directory / "preprocessor_config.json").write_text(json.dumps({
-        "image_processor_type": "CLIPImageProcessor", "do_resize": True, "size": {"shortest_edge": size},
-        "resample": 3, "do_center_crop": True, "crop_size": {"height": size, "width": size}, "do_rescale": True,
-        "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": list(CLIP_MEAN), "image_std": list(CLIP_STD),
-        "do_convert_rgb": True}))
-
-
-def write_bert_vocab(directory: Path) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "vocab.txt").write_text("\n".join(BERT_WORDS) + "\n")
-
-
-def make_hf_clip(directory: Path, seed: int) -> Path:
-    from transformers import CLIPConfig, CLIPModel
-
-    directory.mkdir(parents=True, exist_ok=True)
-    vocab = write_clip_tokenizer(directory)
-    write_clip_processor(directory)
-    eos, bos = vocab["<|endoftext|>"], vocab["<|startoftext|>"]
-    config = CLIPConfig(
-        text_config=dict(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, max_position_embeddings=16, eos_token_id=eos, bos_token_id=bos,
-                         pad_token_id=eos),
-        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                           image_size=32, patch_size=8),
-        projection_dim=16)
-    torch.manual_seed(seed)
-    CLIPModel(config).save_pretrained(directory)
-    return directory
-
-
-OPEN_CLIP_TINY = {"embed_dim": 16,
-                  "vision_cfg": {"image_size": 32, "layers": 1, "width": 32, "head_width": 16, "patch_size": 8},
-                  "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1}}
-
-
-def make_hps(root: Path) -> dict:
-    open_clip = pytest.importorskip("open_clip", reason="hps needs open-clip-torch (the rewards extra)")
-    (root / "hps").mkdir(parents=True, exist_ok=True)
-    arch = root / "hps" / "tiny-ViT-H-14.json"
-    arch.write_text(json.dumps(OPEN_CLIP_TINY))
-    torch.manual_seed(1)
-    model = open_clip.create_model("ViT-H-14", pretrained=None, **OPEN_CLIP_TINY)
-    # the release stores the open_clip state dict under 'state_dict' (as hpsv2 loads it)
-    torch.save({"state_dict": model.state_dict()}, root / "hps" / "HPS_v2.1_compressed.pt")
-    return {"path": str(root / "hps" / "HPS_v2.1_compressed.pt"), "architecture": str(arch)}
-
-
-def make_image_reward(root: Path) -> dict:
-    pytest.importorskip("timm", reason="image_reward needs timm (the rewards extra)")
-    pytest.importorskip("transformers", reason="image_reward needs transformers (the rewards extra)")
-    from margrpo.rewards.image_reward import ImageRewardNet
-
-    directory = root / "image_reward"
-    write_bert_vocab(directory / "bert-base-uncased")
-    med = {"architectures": ["BertModel"], "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-           "num_attention_heads": 2, "max_position_embeddings": 40, "vocab_size": len(BERT_WORDS) + 2,
-           "layer_norm_eps": 1e-12, "hidden_act": "gelu", "model_type": "bert", "add_cross_attention": True,
-           "encoder_width": 64}
-    (directory / "med_config.json").write_text(json.dumps(med))
-    torch.manual_seed(2)
-    net = ImageRewardNet({"embed_dim": 64, "depth": 2, "patch_size": 8, "img_size": 32, "num_heads": 1}, med)
-    for p in net.parameters():  # timm zero-initialises some biases/tokens: make every tensor matter
-        torch.nn.init.normal_(p, std=0.2)
-    state = net.state_dict()
-    state["blip.text_encoder.embeddings.position_ids"] = torch.arange(40).expand(1, -1)  # med.py keeps it
-    torch.save(state, directory / "ImageReward.pt")
-    return {"path": str(directory)}
-
-
-def make_aesthetic(root: Path) -> dict:
-    pytest.importorskip("transformers", reason="aesthetic needs transformers (the rewards extra)")
-    from margrpo.rewards.mlp_head import ScoreMLP
-
-    clip = make_hf_clip(root / "aesthetic" / "clip-vit-large-patch14", seed=3)
-    torch.manual_seed(4)
-    head = ScoreMLP(16)
-    for p in head.parameters():
-        torch.nn.init.normal_(p, std=0.3)
-    torch.save(head.state_dict(), root / "aesthetic" / "sac+logos+ava1-l14-linearMSE.pth")
-    return {"path": str(root / "aesthetic" / "sac+logos+ava1-l14-linearMSE.pth"), "clip_path": str(clip)}
-
-
-def make_pickscore(root: Path) -> dict:
-    pytest.importorskip("transformers", reason="pickscore needs transformers (the rewards extra)")
-    return {"path": str(make_hf_clip(root / "pickscore", seed=5))}
-
-
-def make_clipscore(root: Path) -> dict:
-    pytest.importorskip("transformers", reason="clipscore needs transformers (the rewards extra)")
-    return {"path": str(make_hf_clip(root / "clip-vit-large-patch14", seed=6))}
-
-
-def make_git(root: Path) -> dict:
-    pytest.importorskip("transformers", reason="git_vqa needs transformers (the rewards extra)")
-    from transformers import GitConfig, GitForCausalLM
-
-    directory = root / "git-large-vqav2"
-    write_bert_vocab(directory)
-    write_clip_processor(directory)
-    config = GitConfig(
-        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                           image_size=32, patch_size=8),
-        vocab_size=len(BERT_WORDS), hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-        max_position_embeddings=64, bos_token_id=2, eos_token_id=3, pad_token_id=0)
-    torch.manual_seed(7)
-    model = GitForCausalLM(config)
-    with torch.no_grad():  # larger logits so P(yes) differs visibly between questions
-        model.output.weight.mul_(20)
-    model.save_pretrained(directory)
-    return {"path": str(directory)}
-
-
-def make_grounding_dino(root: Path) -> dict:
-    pytest.importorskip("transformers", reason="grounding_dino needs transformers (the rewards extra)")
-    from transformers import BertConfig, GroundingDinoConfig, GroundingDinoForObjectDetection, SwinConfig
-
-    directory = root / "grounding-dino-tiny"
-    write_bert_vocab(directory)
-    (directory / "preprocessor_config.json").write_text(json.dumps({
-        "image_processor_type": "GroundingDinoImageProcessor", "do_resize": True, "resample": 2,
-        "size": {"shortest_edge": 64, "longest_edge": 100}, "do_rescale": True, "rescale_factor": 1 / 255,
-        "do_normalize": True, "image_mean": list(IMAGENET_MEAN), "image_std": list(IMAGENET_STD), "do_pad": True}))
-    config = GroundingDinoConfig(
-        backbone_config=SwinConfig(embed_dim=16, depths=[1, 1, 1, 1], num_heads=[1, 1, 2, 2], window_size=4,
-                                   image_size=64, out_features=["stage2", "stage3", "stage4"]),
-        text_config=BertConfig(vocab_size=len(BERT_WORDS), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                               intermediate_size=64, max_position_embeddings=64),
-        d_model=32, encoder_layers=1, decoder_layers=2, num_queries=12, encoder_ffn_dim=64, decoder_ffn_dim=64,
-        encoder_attention_heads=2, decoder_attention_heads=2, max_text_len=32, use_pretrained_backbone=False,
-        use_timm_backbone=False)
-    torch.manual_seed(8)
-    GroundingDinoForObjectDetection(config).save_pretrained(directory)
-    return {"path": str(directory)}
-
-
-MAKERS = {"hps": make_hps, "image_reward": make_image_reward, "pickscore": make_pickscore,
-          "clipscore": make_clipscore, "aesthetic": make_aesthetic, "git_vqa": make_git,
-          "grounding_dino": make_grounding_dino}
+NEEDS = {"hps": ["open_clip"], "image_reward": ["timm", "transformers"], "pickscore": ["transformers"],
+         "clipscore": ["transformers"], "aesthetic": ["transformers"], "git_vqa": ["transformers"],
+         "grounding_dino": ["transformers"]}
 
 
 @pytest.fixture(scope="module")
@@ -207,8 +46,10 @@ def weights(tmp_path_factory):
     root, made = tmp_path_factory.mktemp("weights"), {}
 
     def get(name: str) -> dict:
+        for module in NEEDS[name]:
+            pytest.importorskip(module, reason=f"{name} needs {module} (the rewards extra)")
         if name not in made:
-            made[name] = MAKERS[name](root)
+            made[name] = synthetic.write(name, root, "tiny")
         return made[name]
 
     return get
@@ -228,7 +69,7 @@ def built(weights):
 
 
 # ---------------------------------------------------------------- the common contract
-@pytest.mark.parametrize("name", list(MAKERS))
+@pytest.mark.parametrize("name", list(NEEDS))
 def test_shape_determinism_batching_and_input_types(built, name):
     reward = built(name)
     images = images_u8()
@@ -240,11 +81,11 @@ def test_shape_determinism_batching_and_input_types(built, name):
     torch.testing.assert_close(reward(images.float() / 255, PROMPTS, METADATA), scores, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("name", list(MAKERS))
+@pytest.mark.parametrize("name", list(NEEDS))
 def test_bfloat16_reward_returns_float32_close_to_float32(built, name):
     images = images_u8()
     low, full = built(name, "bfloat16"), built(name)
-    assert next(p for p in low.__dict__.values() if isinstance(p, torch.nn.Module) or hasattr(p, "model")) is not None
+    assert low.dtype == torch.bfloat16
     got, want = low(images, PROMPTS, METADATA), full(images, PROMPTS, METADATA)
     assert got.dtype == torch.float32
     scale = want.abs().max().item() + 1e-3
@@ -372,8 +213,7 @@ def test_image_reward_checkpoint_keys_and_transform(built, weights, tmp_path):
     # a checkpoint with an unknown extra tensor is rejected by name
     directory = tmp_path / "ir"
     directory.mkdir()
-    for f in ("med_config.json",):
-        (directory / f).write_text((Path(weights("image_reward")["path"]) / f).read_text())
+    (directory / "med_config.json").write_text((Path(weights("image_reward")["path"]) / "med_config.json").read_text())
     write_bert_vocab(directory / "bert-base-uncased")
     torch.save({**state, "blip.text_decoder.cls.bias": torch.zeros(3)}, directory / "ImageReward.pt")
     with pytest.raises(CorruptWeightsError, match="unexpected keys: blip.text_decoder.cls.bias"):
