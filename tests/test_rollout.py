@@ -185,6 +185,13 @@ def backbone():
 
 
 @pytest.fixture(scope="module")
+def backbone64(backbone):
+    import copy
+
+    return copy.deepcopy(backbone).double()
+
+
+@pytest.fixture(scope="module")
 def sampler():
     from margrpo.diffusion import DDPMSampler
 
@@ -213,7 +220,7 @@ def reference_rollout(backbone, prompts, config, seeds, sampler):
     diffusion step (modulation recomputed), guidance mixed by hand, every transition kept.
 
     Uses the documented randomness layout of generate(): per image, its generator draws the order
-    (randperm N) and then the noise bank [N, T_diff + 1, K + 1, C]."""
+    (randperm N) and then the noise bank [N, T_diff + 1, K + 1, C]. Float64 (a float64 backbone)."""
     from margrpo.rollout import mask_schedule
 
     N, C, K, T_diff = backbone.num_tokens, backbone.token_channels, config.num_seeds, sampler.num_steps
@@ -223,11 +230,11 @@ def reference_rollout(backbone, prompts, config, seeds, sampler):
     for prompt, seed in zip(prompts, seeds):
         generator = torch.Generator().manual_seed(seed)
         order = torch.randperm(N, generator=generator)
-        bank = torch.randn(N, T_diff + 1, K + 1, C, generator=generator)
+        bank = torch.randn(N, T_diff + 1, K + 1, C, generator=generator, dtype=torch.float64)
         cond = backbone.encode_prompts([prompt])
         uncond = backbone.encode_prompts([backbone.negative_prompt()])
-        canvas, known = torch.zeros(1, N, C), torch.zeros(1, N, dtype=torch.bool)
-        seed_tokens = torch.zeros(K, N, C)
+        canvas, known = torch.zeros(1, N, C, dtype=torch.float64), torch.zeros(1, N, dtype=torch.bool)
+        seed_tokens = torch.zeros(K, N, C, dtype=torch.float64)
         transitions = {}  # (mask step, diffusion step) -> (x_t, x_prev, mean, std, logp), each [K+1, n, ...]
         start = 0
         for step, n in enumerate(counts):
@@ -270,7 +277,8 @@ def _recorded(rollout, b, j):
     dict(cfg_scale=3.0, cfg_channels="eps", cfg_schedule="linear", schedule="harmon", temperature=0.9),
     dict(cfg_scale=2.0, cfg_channels="all", num_seeds=0),
 ])
-def test_rollout_matches_plain_reference_at_the_planned_steps(backbone, sampler, overrides):
+def test_rollout_matches_plain_reference_at_the_planned_steps(backbone64, sampler, overrides):
+    backbone = backbone64
     config = _config(**overrides)
     rollout = _run(backbone, sampler, config)
     with torch.no_grad():
@@ -288,23 +296,16 @@ def test_rollout_matches_plain_reference_at_the_planned_steps(backbone, sampler,
         assert all(not sampler.is_deterministic(i) for i in rollout.plan.diffusion_steps[j])
     for b, ref in enumerate(reference):
         assert torch.equal(rollout.order[b], ref["order"])
-        torch.testing.assert_close(rollout.tokens[b], ref["tokens"], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(rollout.seed_tokens[b], ref["seed_tokens"], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(rollout.tokens[b], ref["tokens"], atol=1e-10, rtol=1e-10)
+        torch.testing.assert_close(rollout.seed_tokens[b], ref["seed_tokens"], atol=1e-10, rtol=1e-10)
         for j, step in enumerate(rollout.plan.mask_steps):
             got = _recorded(rollout, b, j)
             for r, i in enumerate(rollout.plan.diffusion_steps[j]):
                 for value, expected in zip(got, ref["transitions"][(step, i)]):
-                    torch.testing.assert_close(value[r], expected.float(), atol=1e-5, rtol=1e-5)
+                    torch.testing.assert_close(value[r], expected, atol=1e-9, rtol=1e-9)
 
 
 # ---------------------------------------------------------------- training likelihood
-@pytest.fixture(scope="module")
-def backbone64(backbone):
-    import copy
-
-    return copy.deepcopy(backbone).double()
-
-
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("overrides", [
     dict(),
