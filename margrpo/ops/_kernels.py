@@ -19,7 +19,7 @@ from . import _backend, reference
 def find(backend: str, module: str, name: str) -> Callable | None:
     """The kernel `name` of `backend` (from kernels/<module>.py for triton), or None when not built."""
     if backend == "torch":
-        return getattr(reference, name)
+        return getattr(reference, name, None)
     if backend == "triton":
         qualified = f"margrpo.kernels.{module}"
         try:
@@ -40,7 +40,7 @@ def get(backend: str, module: str, name: str) -> Callable:
     """Like `find`, but a missing kernel is an error that names it."""
     kernel = find(backend, module, name)
     if kernel is None:
-        where = f"margrpo.kernels.{module}" if backend == "triton" else "torch.ops.margrpo"
+        where = {"torch": "margrpo.ops.reference", "triton": f"margrpo.kernels.{module}"}.get(backend, "torch.ops.margrpo")
         raise RuntimeError(f"backend {backend!r}: kernel {where}.{name} is not built in this installation")
     return kernel
 
