@@ -50,10 +50,11 @@ def plain_ppo(logp, old_logp, advantages, mask, clip_low, clip_high, mte_mask, a
 
 def check(logp, old_logp, advantages, mask, clip_eps=0.2, clip_eps_high=None, mte_mask=None, aggregation="token_mean"):
     """Loss, statistics and d loss / d logp of the selected backend against plain_ppo."""
-    dtype = logp.dtype
+    dtype = logp.dtype  # tolerances follow the gradient's dtype, the coarsest output
     out = ops.grpo_surrogate(logp, old_logp, advantages, mask, clip_eps, clip_eps_high, mte_mask, aggregation)
     assert isinstance(out, ops.GRPOLoss)
-    assert all(v.shape == () and v.dtype == (F64 if dtype == F64 else F32) for v in out)
+    out_dtype = F64 if torch.promote_types(dtype, old_logp.dtype) == F64 else F32
+    assert all(v.shape == () and v.dtype == out_dtype for v in out)
     assert not any(v.requires_grad for v in out[1:])
 
     ref_logp = logp.detach().cpu().double().requires_grad_()
@@ -105,6 +106,18 @@ def test_matches_plain_ppo(backend, gen, T, B, L, dtype, float_mask, with_mte, a
     mask = (keep * torch.rand(B, L, generator=gen) * 2).to(dev) if float_mask else keep.to(dev)
     mte = (torch.rand(B, L, generator=gen) > 0.5).to(dev) if with_mte else None
     check(logp, old, advantages, mask, clip_eps, clip_eps_high, mte, aggregation)
+
+
+def test_non_contiguous_and_mixed_dtype_inputs(backend, gen):
+    backend.require(MODULE, KERNEL)
+    dev, T, B, L = backend.device, 3, 4, 6
+    logp = randn(gen, T, L, B, dtype=F32, device=dev).transpose(1, 2).detach().requires_grad_()  # [T, B, L] view
+    old = (logp.detach().double() + randn(gen, T, B, L, device=dev, scale=0.3))  # float64 beside float32
+    advantages = randn(gen, 2 * B, device=dev)[::2]
+    mask = (torch.rand(L, B, generator=gen) > 0.3).to(dev).t()
+    mte = (torch.rand(L, B, generator=gen) > 0.5).to(dev).t()
+    assert not any(t.is_contiguous() for t in (logp, advantages, mask, mte))
+    check(logp, old, advantages, mask, mte_mask=mte)
 
 
 def test_clipping_branches(backend):
