@@ -54,6 +54,12 @@ def _consistency_mask_kernel(
     tl.store(out_ptr + rows.to(tl.int64), gain > threshold, mask=row_ok)
 
 
+def _blocks(M: int, C: int) -> tuple[int, int]:
+    block_c = min(triton.next_power_of_2(max(C, 1)), MAX_BLOCK_C)
+    block_m = programs_block(M, max_block=max(1, 2048 // block_c), min_block=max(1, 256 // block_c))
+    return block_m, block_c
+
+
 def consistency_mask_fwd(prev: torch.Tensor, cur: torch.Tensor, final: torch.Tensor, threshold: float) -> torch.Tensor:
     """prev, cur, final: [M, C] -> bool [M]: cos(cur, final) - cos(prev, final) > threshold."""
     for name, t in (("prev", prev), ("cur", cur), ("final", final)):
@@ -65,8 +71,7 @@ def consistency_mask_fwd(prev: torch.Tensor, cur: torch.Tensor, final: torch.Ten
     if M == 0:
         return out
     dt = acc_dtype(cur.dtype)
-    block_c = min(triton.next_power_of_2(max(C, 1)), MAX_BLOCK_C)
-    block_m = programs_block(M, max_block=max(1, 2048 // block_c), min_block=max(1, 256 // block_c))
+    block_m, block_c = _blocks(M, C)
     _consistency_mask_kernel[(triton.cdiv(M, block_m),)](
         prev, cur, final, out, M, C, float(threshold),
         COMPUTE_DTYPE=tl.float64 if dt == torch.float64 else tl.float32,

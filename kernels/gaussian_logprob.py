@@ -123,7 +123,7 @@ def _check(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, reduce: int) 
 
 def _blocks(R: int, C: int) -> tuple[int, int]:
     block_c = min(triton.next_power_of_2(max(C, 1)), MAX_BLOCK_C)
-    block_r = programs_block(R, max_block=max(1, 4096 // block_c), min_block=max(1, 512 // block_c))
+    block_r = programs_block(R, max_block=max(1, 2048 // block_c), min_block=max(1, 256 // block_c))
     return block_r, block_c
 
 

@@ -135,6 +135,10 @@ def _check(logp, old_logp, advantages, weights, mte_mask) -> None:
         raise ValueError(f"mte_mask: expected dtype torch.bool, got {mte_mask.dtype}")
 
 
+def _block(BL: int) -> int:
+    return programs_block(BL, max_block=1024)
+
+
 def grpo_surrogate_fwd(
     logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, weights: torch.Tensor,
     mte_mask: torch.Tensor, clip_low: float, clip_high: float,
@@ -151,7 +155,7 @@ def grpo_surrogate_fwd(
     loss = torch.empty((), dtype=dt, device=logp.device)
     stats = torch.empty((4,), dtype=dt, device=logp.device)
     BL = B * L
-    block = programs_block(BL, max_block=1024)
+    block = _block(BL)
     n_programs = triton.cdiv(BL, block)
     partials = torch.empty((N_PARTIALS, n_programs), dtype=dt, device=logp.device)
     if n_programs > 0:

@@ -68,7 +68,7 @@ def _blocks(K: int, M: int, C: int) -> tuple[int, int, int]:
     block_k = triton.next_power_of_2(K)
     block_c = min(triton.next_power_of_2(max(C, 1)), MAX_BLOCK_C)
     per_row = block_k * block_c
-    block_m = programs_block(M, max_block=max(1, 4096 // per_row), min_block=max(1, 512 // per_row))
+    block_m = programs_block(M, max_block=max(1, 2048 // per_row), min_block=max(1, 256 // per_row))
     return block_k, block_m, block_c
 
 
