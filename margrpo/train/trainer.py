@@ -276,7 +276,7 @@ class Trainer:
                     lik.logp.float(), old, advantages[images], sub(weights),
                     mte_mask=None if mte is None else sub(mte), clip_eps=g.clip_eps, clip_eps_high=g.clip_eps_high,
                     kl_beta=g.kl_beta if reference is not None else 0.0, kl_type=g.kl_type, kl_weights=sub(kl_weights),
-                    mean=lik.mean, std=lik.std, **ref_kwargs,
+                    mean=lik.mean, std=rollout.std.transpose(0, 1)[:, images][:, :, cols], **ref_kwargs,
                 )
                 if not torch.isfinite(out.loss):
                     return self._skip("loss", metrics, timings)
@@ -291,7 +291,7 @@ class Trainer:
                 updates += 1
                 grad_norms.append(norm.item())
                 for key in sums:
-                    sums[key] += float(getattr(out, key))
+                    sums[key] += float(getattr(out, key).detach())
                 ratio_max = max(ratio_max, float(out.ratio_max))
         self.scheduler.step()
         timings["time/train"] = time.perf_counter() - t0

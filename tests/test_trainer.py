@@ -1,0 +1,185 @@
+"""The GRPO trainer end to end on a tiny random-init MAR (CPU, seconds): on-policy ratio, frozen head,
+learning on a toy reward, exact resume, signals, non-finite handling, config errors, torchrun."""
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from margrpo.config import ConfigError
+from margrpo.heads import reinit_zero_layers_
+from margrpo.models.tiny import TinyMAR, TinyMARConfig
+from margrpo.rewards import Reward, register
+from margrpo.train import checkpoint as ckpt
+from margrpo.train.config import load_config
+from margrpo.train.trainer import Trainer, TrainingStopped
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@register("test_redness")
+class Redness(Reward):
+    """Toy reward: how much redder than green/blue an image is (easy to learn, dense signal)."""
+
+    def score(self, images, prompts, metadata):
+        return images[:, 0].mean((1, 2)) - 0.5 * images[:, 1:].mean((1, 2, 3))
+
+
+@register("test_nan")
+class AlwaysNaN(Reward):
+    def score(self, images, prompts, metadata):
+        return torch.full((images.shape[0],), float("nan"))
+
+
+@register("test_sigterm_on_second_call")
+class SigtermOnSecondCall(Reward):
+    calls = 0
+
+    def score(self, images, prompts, metadata):
+        type(self).calls += 1
+        if type(self).calls == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return images.mean((1, 2, 3))
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory):
+    torch.manual_seed(0)
+    config = TinyMARConfig(patch_size=8, width=32, depth=1, num_heads=2, head_width=32, head_depth=1, diffusion_steps=6)
+    model = TinyMAR(config)
+    reinit_zero_layers_(model.head, std=0.02)  # adaLN-zero would make the head ignore z
+    path = tmp_path_factory.mktemp("tiny") / "ckpt"
+    model.save(path)
+    return path
+
+
+def overrides(tmp_path, checkpoint, *extra):
+    return [
+        f"backbone.checkpoint={checkpoint}", f"run.out_dir={tmp_path / 'run'}", "run.tensorboard=false",
+        "run.eval_every=0", "run.eval_per_category=1", "run.eval_samples_per_prompt=1", "run.save_every=0",
+        "run.threads=1", "rollout.num_mask_steps=4", "rollout.record_mask_steps=2", "rollout.record_diffusion_steps=2",
+        "grpo.group_size=4", "grpo.prompts_per_step=2", "rewards={test_redness: 1.0}", "optim.lr=1e-3", *extra,
+    ]
+
+
+def make(tmp_path, checkpoint, *extra) -> Trainer:
+    return Trainer(load_config(None, overrides(tmp_path, checkpoint, *extra)))
+
+
+def test_first_step_is_on_policy_and_head_stays_frozen(tmp_path, tiny_checkpoint):
+    trainer = make(tmp_path, tiny_checkpoint, "rollout.num_seeds=2", "rollout.likelihood_positions=unknown",
+                   "grpo.mte=true", "grpo.consistency=true", "grpo.consistency_start_step=1", "grpo.kl_beta=0.1")
+    head_before = {k: v.clone() for k, v in trainer.policy.head.state_dict().items()}
+    body_before = {k: v.clone() for k, v in trainer.policy.named_parameters() if not k.startswith("head.")}
+    metrics = trainer.train_step()
+    assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+    # fp32: recomputation sums in another order; a low-noise step amplifies it by |x - mean| / std^2
+    assert metrics["ratio_max"] == pytest.approx(1.0, abs=2e-2)
+    assert metrics["clip_fraction"] == 0.0
+    assert metrics["kl"] == pytest.approx(0.0, abs=1e-10)  # policy == reference before the update
+    assert 0 < metrics["mte_fraction"] < 1 and 0 < metrics["selected_fraction"] <= 1
+    assert metrics["grad_norm"] > 0
+    for key, value in trainer.policy.head.state_dict().items():
+        assert torch.equal(value, head_before[key]), f"frozen head parameter {key} changed"
+    changed = [k for k, v in trainer.policy.named_parameters() if not k.startswith("head.") and not torch.equal(v, body_before[k])]
+    assert changed, "no backbone parameter was updated"
+
+
+def test_second_inner_epoch_is_off_policy(tmp_path, tiny_checkpoint):
+    trainer = make(tmp_path, tiny_checkpoint, "grpo.inner_epochs=2", "grpo.kl_beta=0", "optim.lr=1e-2")
+    metrics = trainer.train_step()
+    assert metrics["updates"] == 2
+    # epoch 2 sees ratios != 1 after epoch 1's update: the averaged ratio_max exceeds 1
+    assert metrics["ratio_max"] > 1.0
+
+
+def _toy_reward(trainer, seeds=range(16)) -> float:
+    from margrpo.train.evaluate import generate_images
+
+    prompts = trainer.train_prompts[:4]
+    _, images = generate_images(trainer.policy, trainer.sampler, trainer.config.rollout, prompts, 4, seed=99)
+    return Redness(device="cpu")(images, [p for p in prompts for _ in range(4)]).mean().item()
+
+
+def test_training_improves_a_toy_reward(tmp_path, tiny_checkpoint):
+    trainer = make(tmp_path, tiny_checkpoint, "optim.lr=3e-3", "grpo.kl_beta=0", "run.steps=8", "grpo.prompts_per_step=4")
+    before = _toy_reward(trainer)
+    for _ in range(8):
+        trainer.train_step()
+        trainer.step += 1
+    after = _toy_reward(trainer)
+    assert after > before, f"toy reward did not improve: {before:.4f} -> {after:.4f}"
+
+
+def test_resume_gives_identical_weights(tmp_path, tiny_checkpoint):
+    straight = make(tmp_path / "a", tiny_checkpoint, "run.steps=4", "run.save_every=0")
+    straight.run()
+    half = make(tmp_path / "b", tiny_checkpoint, "run.steps=2", "run.save_every=2")
+    half.run()
+    resumed = make(tmp_path / "b", tiny_checkpoint, "run.steps=4", "run.save_every=2")
+    assert resumed.step == 2
+    resumed.run()
+    for (name, a), (_, b) in zip(straight.policy.named_parameters(), resumed.policy.named_parameters()):
+        assert torch.equal(a, b), f"{name} differs after resume"
+
+
+def test_sigterm_saves_a_checkpoint_and_exits(tmp_path, tiny_checkpoint):
+    SigtermOnSecondCall.calls = 0
+    trainer = make(tmp_path, tiny_checkpoint, "run.steps=5", "rewards={test_sigterm_on_second_call: 1.0}")
+    trainer.run()  # call 1: the "before" evaluation; call 2: step 1's reward, which raises SIGTERM
+    assert trainer.step == 1
+    latest = ckpt.latest(tmp_path / "run" / "checkpoints")
+    assert latest is not None and ckpt.verify(latest)["step"] == 1
+
+
+def test_non_finite_rewards_are_skipped_then_stop(tmp_path, tiny_checkpoint):
+    trainer = make(tmp_path, tiny_checkpoint, "run.steps=5", "run.max_bad_steps=2", "rewards={test_nan: 1.0}")
+    before = {k: v.clone() for k, v in trainer.policy.named_parameters()}
+    with pytest.raises(TrainingStopped, match="2 consecutive steps had a non-finite reward"):
+        trainer.run()
+    assert trainer.skipped_total == 2
+    assert all(torch.equal(v, before[k]) for k, v in trainer.policy.named_parameters())
+
+
+def test_config_errors_name_the_key(tmp_path, tiny_checkpoint):
+    with pytest.raises(ConfigError, match="grpo.kl_bta.*kl_beta"):
+        load_config(None, overrides(tmp_path, tiny_checkpoint, "grpo.kl_bta=0.1"))
+    with pytest.raises(ConfigError, match="rollout.num_seeds"):
+        load_config(None, overrides(tmp_path, tiny_checkpoint, "grpo.mte=true"))
+    with pytest.raises(FileNotFoundError, match="missing.txt"):
+        make(tmp_path, tiny_checkpoint, f"run.train_prompts={tmp_path / 'missing.txt'}")
+
+
+def test_two_process_gloo_matches_one_process(tmp_path, tiny_checkpoint):
+    """torchrun with 2 CPU ranks x P prompts == 1 process x 2P prompts (same per-sample seeds)."""
+    # a registered reward the child processes know (the test_* rewards live only in this process)
+    common = overrides(tmp_path, tiny_checkpoint, "run.steps=1", "grpo.kl_beta=0.01", "run.save_every=1",
+                       "rewards={jpeg_incompressibility: 1.0}")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    one = [f"run.out_dir={tmp_path / 'one'}", "grpo.prompts_per_step=4"]
+    two = [f"run.out_dir={tmp_path / 'two'}", "grpo.prompts_per_step=2"]
+    subprocess.run([sys.executable, "-m", "margrpo.cli", "train", "--config", str(ROOT / "tests" / "empty.yaml"),
+                    *common, *one], check=True, env=env, capture_output=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29517",
+         "-m", "margrpo.cli", "train", "--config", str(ROOT / "tests" / "empty.yaml"), *common, *two],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    w1, _ = ckpt.load(ckpt.latest(tmp_path / "one" / "checkpoints"))
+    w2, _ = ckpt.load(ckpt.latest(tmp_path / "two" / "checkpoints"))
+    assert w1.keys() == w2.keys()
+    start = TinyMAR.load(tiny_checkpoint).state_dict()
+    moved = max((w1[k] - start[k]).abs().max().item() for k in w1)
+    assert moved > 0
+    # Adam turns fp32 summation-order noise in near-zero gradients into updates of up to ~lr, so
+    # compare the update vectors as a whole (and each element loosely)
+    d1 = torch.cat([(w1[k] - start[k]).flatten() for k in w1])
+    d2 = torch.cat([(w2[k] - start[k]).flatten() for k in w1])
+    assert (d2 - d1).norm() / d1.norm() < 1e-2
+    for key in w1:
+        torch.testing.assert_close(w2[key], w1[key], rtol=0, atol=0.05 * moved)
