@@ -183,3 +183,15 @@ def test_two_process_gloo_matches_one_process(tmp_path, tiny_checkpoint):
     assert (d2 - d1).norm() / d1.norm() < 1e-2
     for key in w1:
         torch.testing.assert_close(w2[key], w1[key], rtol=0, atol=0.05 * moved)
+
+
+def test_ablation_table_shape():
+    from margrpo.train.ablate import LADDER, format_table
+
+    results = {rung: [{"after": {"heldout/overall": 0.1 * i + s, "heldout/color": 0.5}, "kl": 1e-3} for s in (0.0, 0.2)]
+               for i, rung in enumerate(LADDER)}
+    table = format_table(results).splitlines()
+    assert table[0].split(" | ")[:3] == ["rung", "color", "overall"]
+    assert len(table) == 2 + len(LADDER)
+    full = table[-1].split(" | ")
+    assert full[0] == "full" and float(full[2]) == pytest.approx(0.4) and float(full[3]) == pytest.approx(0.1)
