@@ -11,7 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from margrpo.diffusion import DDPMSampler, FlowSDESampler, mar_sampler
 from margrpo.heads import (
-    CounterNoise, DiffusionMLP, Guidance, SimpleMLPAdaLN, counter_normal, denoise_logprob, multi_seed_denoise,
+    CounterNoise, DiffusionMLP, GraphedMultiSeed, Guidance, SimpleMLPAdaLN, counter_normal, denoise_logprob, multi_seed_denoise,
     reinit_zero_layers_,
 )
 from margrpo.heads.noise import resolve_noise
@@ -311,3 +311,23 @@ def test_cuda_triton_path_equals_eager_in_fp32(case):
     fused = multi_seed_denoise(head, z, sampler, 3, cfg=cfg, noise=noise, record_steps=(0, 1), backend="triton")
     eager = eager_multi_seed_denoise(head, z, sampler, 3, noise, cfg=cfg, record_steps=(0, 1))
     _assert_same(fused, eager, rtol=2e-3, atol=2e-3)  # tf32 GEMMs on the GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_graph_replay_equals_uncaptured():
+    head, sampler, cfg = _mar(), mar_sampler(T), Guidance(3.0, channels="eps")
+    head = head.float().cuda()
+    graphed = GraphedMultiSeed(head, sampler, 3, cfg=cfg, record_steps=(0, 2))
+    for seed in (0, 1):  # the second call replays the captured graph with new inputs
+        z, noise = (t.float().cuda() for t in _inputs(head, 17, 3, cfg, seed=seed))
+        plain = multi_seed_denoise(head, z, sampler, 3, cfg=cfg, noise=noise, record_steps=(0, 2))
+        _assert_same(graphed(z, noise=noise), plain, rtol=1e-5, atol=1e-5)
+    assert len(graphed._graphs) == 1
+
+
+def test_cuda_graph_wrapper_refuses_cpu_tensors():
+    head, sampler = _mar(), mar_sampler(T)
+    z, _ = _inputs(head, 3, 1, None)
+    with pytest.raises(ValueError, match="z: got a tensor on cpu, expected a CUDA tensor"):
+        GraphedMultiSeed(head, sampler, 1)(z)

@@ -7,19 +7,21 @@ Sampling and training:
   multi_seed_denoise(head, z, sampler, num_seeds, cfg, ...) -> MultiSeedSamples
   denoise_logprob(head, z, sampler, record, cfg)            -> [R, K+1, N] with grad to z
   Guidance (CFG), CounterNoise (batch-independent noise)
+  GraphedMultiSeed                                          the same, T-step loop in a CUDA graph
 Weights: load_head_state_dict, head_from_state_dict, reinit_zero_layers_ (tests).
 """
 from .cfg import Guidance
+from .cuda_graph import GraphedMultiSeed
 from .layers import Modulation
 from .mar_head import MAR_SIZES, SimpleMLPAdaLN, mar_head
-from .multi_seed import MultiSeedSamples, denoise_logprob, guided_output, multi_seed_denoise
+from .multi_seed import MultiSeedSamples, denoise_logprob, guided_output, multi_seed_denoise, run_chains
 from .noise import CounterNoise, counter_normal
 from .nova_head import NOVA_SIZES, DiffusionMLP, nova_head, patchify, unpatchify
 from .weights import head_from_state_dict, load_head_state_dict, reinit_zero_layers_, strip_prefix
 
 __all__ = [
-    "Guidance", "Modulation", "MAR_SIZES", "SimpleMLPAdaLN", "mar_head", "MultiSeedSamples", "denoise_logprob",
-    "guided_output", "multi_seed_denoise", "CounterNoise", "counter_normal", "NOVA_SIZES", "DiffusionMLP",
+    "Guidance", "GraphedMultiSeed", "Modulation", "MAR_SIZES", "SimpleMLPAdaLN", "mar_head", "MultiSeedSamples", "denoise_logprob",
+    "guided_output", "multi_seed_denoise", "run_chains", "CounterNoise", "counter_normal", "NOVA_SIZES", "DiffusionMLP",
     "nova_head", "patchify", "unpatchify", "head_from_state_dict", "load_head_state_dict",
     "reinit_zero_layers_", "strip_prefix",
 ]

@@ -121,25 +121,33 @@ def multi_seed_denoise(
     num_steps = sampler.num_steps
     steps = _check_steps(record_steps, num_steps)
     _check_channels(head, sampler)
-    acc = _acc_dtype(z)
     tokens, channels = rows.shape[-2], head.in_channels
-    eps = resolve_noise(noise, generator, (num_steps + 1, num_seeds + 1, tokens, channels), acc, z.device)
+    eps = resolve_noise(noise, generator, (num_steps + 1, num_seeds + 1, tokens, channels), _acc_dtype(z), z.device)
 
-    recorded: dict[str, list[torch.Tensor]] = {name: [] for name in _RECORDED}
+    times = [sampler.model_time(i) for i in range(num_steps)]
     with torch.no_grad():
-        cond = head.embed_condition(rows)  # independent of the step: once for all T steps
-        x = eps[0]
-        for i in range(num_steps):
-            modulation = head.modulation(cond, sampler.model_time(i))
-            out = guided_output(head, modulation, x, cfg, backend).to(acc)
-            step = sampler.step(out, x, i, eps[i + 1], temperature)
-            if i in steps:
-                std = torch.as_tensor(step.std, dtype=acc, device=x.device).expand_as(x)
-                for name, value in zip(_RECORDED, (x, step.x_prev, step.mean, std, step.logp)):
-                    recorded[name].append(value)
-            x = step.x_prev
-    full = (num_seeds + 1, tokens, channels)
-    stacked = {name: _stack(values, full[:-1] if name == "logp" else full, acc, z.device)
+        return run_chains(head, rows, sampler, eps, times, steps, cfg, temperature, backend)
+
+
+def run_chains(head, rows: torch.Tensor, sampler, eps: torch.Tensor, times: list, steps: tuple[int, ...],
+               cfg: Guidance | None, temperature: float, backend: str | None) -> MultiSeedSamples:
+    """The batched T-step loop of multi_seed_denoise on validated inputs: rows = z as [N, Dz] or
+    [2, N, Dz], eps [T+1, K+1, N, C] in the trajectory dtype, times[i] = the head time of step i."""
+    acc = eps.dtype
+    recorded: dict[str, list[torch.Tensor]] = {name: [] for name in _RECORDED}
+    cond = head.embed_condition(rows)  # independent of the step: once for all T steps
+    x = eps[0]
+    for i, t in enumerate(times):
+        modulation = head.modulation(cond, t)
+        out = guided_output(head, modulation, x, cfg, backend).to(acc)
+        step = sampler.step(out, x, i, eps[i + 1], temperature)
+        if i in steps:
+            std = torch.as_tensor(step.std, dtype=acc, device=x.device).expand_as(x)
+            for name, value in zip(_RECORDED, (x, step.x_prev, step.mean, std, step.logp)):
+                recorded[name].append(value)
+        x = step.x_prev
+    full = tuple(eps.shape[1:])
+    stacked = {name: _stack(values, full[:-1] if name == "logp" else full, acc, x.device)
                for name, values in recorded.items()}
     return MultiSeedSamples(x0=x, steps=steps, **stacked)
 

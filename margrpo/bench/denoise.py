@@ -1,0 +1,232 @@
+"""Benchmark of multi-seed denoising: the fused path against the reference code's approach.
+
+For each case (a real head size, K seed trajectories, CFG) it times one full denoising chain of the
+main trajectory and K seed trajectories for `tokens` tokens over `steps` diffusion steps:
+  fused    margrpo.heads.multi_seed_denoise: one batched pass, modulation once per (token, step)
+           shared by all trajectories, both CFG halves reading one copy of x, fused adaLN kernels
+  eager    one chain per trajectory, the official head forward per (trajectory, step): the
+           modulation is recomputed inside every call (how the public reference code samples)
+  compile  torch.compile of a restructured reference: every trajectory and CFG half batched into one
+           official head call per step (z repeated K+1 times, modulation recomputed per copy)
+Random weights at the real sizes (speed does not depend on the values). Time: the median of
+`repeats` runs after one warm-up (perf_counter on CPU, CUDA events on CUDA). Also reports the
+largest |x0 - eager x0| relative to the largest |eager x0| as a sanity check.
+
+    python -m margrpo.bench.denoise --device cpu --tokens 32 --steps 4 --json out.json
+    margrpo bench denoise --cases harmon-mar_h --methods fused,eager
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+from margrpo.diffusion import DDPMSampler, mar_sampler
+from margrpo.heads import Guidance, mar_head, multi_seed_denoise, nova_head
+from margrpo.heads.reference import eager_multi_seed_denoise
+
+
+@dataclass(frozen=True)
+class Case:
+    family: str  # "nova" or "harmon"
+    size: str
+    z_channels: int
+    num_seeds: int
+    guidance: Guidance
+
+
+CASES: dict[str, Case] = {
+    "nova-d6w1024": Case("nova", "d6w1024", 1024, 3, Guidance(5.0)),
+    "nova-d3w1280": Case("nova", "d3w1280", 1024, 3, Guidance(5.0)),
+    "harmon-mar_h": Case("harmon", "mar_h", 1280, 5, Guidance(3.0, channels="eps")),
+}
+METHODS = ("fused", "eager", "compile")
+TOKEN_CHANNELS = 16
+
+
+@dataclass
+class Row:
+    case: str
+    method: str
+    tokens: int
+    steps: int
+    num_seeds: int
+    ms: float
+    speedup_vs_eager: float | None
+    rel_diff_vs_eager: float | None  # max |x0 - eager x0| / max |eager x0|
+
+
+# ---------------------------------------------------------------- setup
+def build(case: Case, device: torch.device, dtype: torch.dtype, seed: int = 0) -> nn.Module:
+    """The head at its real size with random weights (meta init, then N(0, 1/fan_in) fills: fast)."""
+    with torch.device("meta"):
+        head = nova_head(case.size, cond_dim=case.z_channels) if case.family == "nova" else mar_head(case.size)
+    head = head.to_empty(device=device)
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    with torch.no_grad():
+        for name, p in head.named_parameters():
+            if p.dim() == 1:
+                base = 1.0 if name.endswith("norm2.weight") or name.endswith("in_ln.weight") else 0.0
+                p.copy_(base + 0.02 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p[0].numel()))
+            p.requires_grad_(False)
+    return head.to(dtype).eval()
+
+
+def make_sampler(case: Case, steps: int):
+    return DDPMSampler(steps, beta_schedule="squaredcos_cap_v2", spacing="trailing") if case.family == "nova" \
+        else mar_sampler(steps)
+
+
+def make_inputs(head: nn.Module, case: Case, tokens: int, steps: int, device: torch.device, seed: int = 1):
+    """z [2N, Dz] ([cond; uncond]) and noise [steps + 1, K + 1, N, C], fp32, random."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    z = torch.randn(2 * tokens, head.z_channels, generator=g).to(device)
+    noise = torch.randn(steps + 1, case.num_seeds + 1, tokens, TOKEN_CHANNELS, generator=g).to(device)
+    return z, noise
+
+
+def batched_reference(forward: Callable, head: nn.Module, z: torch.Tensor, sampler, num_seeds: int,
+                      noise: torch.Tensor, cfg: Guidance) -> torch.Tensor:
+    """Every trajectory and CFG half in one official head call per step (z copied K+1 times)."""
+    tokens, channels = noise.shape[2], noise.shape[3]
+    z_all = z.repeat(num_seeds + 1, 1)  # rows ordered (trajectory, half, token)
+    x = noise[0]
+    with torch.no_grad():
+        for i in range(sampler.num_steps):
+            times = torch.full((z_all.shape[0],), float(sampler.model_time(i)), device=z.device)
+            x_all = x[:, None].expand(num_seeds + 1, 2, tokens, channels).reshape(-1, channels)
+            out = forward(x_all, times, z_all).view(num_seeds + 1, 2, tokens, -1)
+            guided = cfg.combine(out[:, 0], out[:, 1], head.in_channels).float()
+            x = sampler.step(guided, x, i, noise[i + 1]).x_prev
+    return x
+
+
+def methods(head: nn.Module, case: Case, sampler, z, noise, names: tuple[str, ...]) -> dict[str, Callable[[], torch.Tensor]]:
+    """name -> a zero-argument callable returning x0 [K+1, N, C]."""
+    cfg, k = case.guidance, case.num_seeds
+    table: dict[str, Callable[[], torch.Tensor]] = {
+        "fused": lambda: multi_seed_denoise(head, z, sampler, k, cfg=cfg, noise=noise).x0,
+        "eager": lambda: eager_multi_seed_denoise(head, z, sampler, k, noise, cfg=cfg).x0,
+    }
+    if "compile" in names:
+        compiled = torch.compile(head.forward, dynamic=False)
+        table["compile"] = lambda: batched_reference(compiled, head, z, sampler, k, noise, cfg)
+    return {name: table[name] for name in names}
+
+
+# ---------------------------------------------------------------- timing
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_ms(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
+    """Median wall time of `repeats` runs after one warm-up run, in ms."""
+    fn()
+    _sync(device)
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize(device)
+            times.append(start.elapsed_time(end))
+        else:
+            begin = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - begin) * 1e3)
+    return statistics.median(times)
+
+
+def run(cases: tuple[str, ...], names: tuple[str, ...], device: torch.device, tokens: int, steps: int,
+        repeats: int, dtype: torch.dtype) -> list[Row]:
+    rows = []
+    for case_name in cases:
+        case = CASES[case_name]
+        head = build(case, device, dtype)
+        sampler = make_sampler(case, steps)
+        z, noise = make_inputs(head, case, tokens, steps, device)
+        fns = methods(head, case, sampler, z, noise, names)
+        reference = fns["eager"]() if "eager" in fns else None
+        timed = {name: time_ms(fn, device, repeats) for name, fn in fns.items()}
+        for name, ms in timed.items():
+            diff = None if reference is None else float((fns[name]() - reference).abs().max() / reference.abs().max())
+            speedup = timed["eager"] / ms if "eager" in timed else None
+            rows.append(Row(case_name, name, tokens, steps, case.num_seeds, ms, speedup, diff))
+        del head
+    return rows
+
+
+def format_table(rows: list[Row]) -> str:
+    lines = [f"{'case':<14} {'method':<8} {'tokens':>6} {'steps':>5} {'K':>2} {'ms':>10} {'x eager':>8} {'rel dx0':>9}"]
+    for r in rows:
+        speed = f"{r.speedup_vs_eager:.2f}" if r.speedup_vs_eager is not None else "-"
+        diff = f"{r.rel_diff_vs_eager:.1e}" if r.rel_diff_vs_eager is not None else "-"
+        lines.append(f"{r.case:<14} {r.method:<8} {r.tokens:>6} {r.steps:>5} {r.num_seeds:>2} {r.ms:>10.1f} {speed:>8} {diff:>9}")
+    return "\n".join(lines)
+
+
+def machine_description(device: torch.device) -> dict[str, object]:
+    info: dict[str, object] = {
+        "platform": platform.platform(), "machine": platform.machine(), "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(), "python": platform.python_version(), "torch": torch.__version__,
+        "device": str(device),
+    }
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
+
+
+def _split(value: str, allowed: tuple[str, ...], name: str) -> tuple[str, ...]:
+    items = tuple(v for v in value.split(",") if v)
+    bad = [v for v in items if v not in allowed]
+    if bad or not items:
+        raise SystemExit(f"--{name}: got {value!r}, expected a comma list of {', '.join(allowed)}")
+    return items
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="margrpo bench denoise", description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--tokens", type=int, help="tokens per chain (default: 1024 on CUDA, 32 on CPU)")
+    parser.add_argument("--steps", type=int, help="diffusion steps T (default: 25 on CUDA, 4 on CPU)")
+    parser.add_argument("--repeats", type=int, help="timed runs after one warm-up (default: 10 on CUDA, 1 on CPU)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="head dtype (default: bf16 on CUDA, fp32 on CPU)")
+    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    parser.add_argument("--json", help="write the rows and the machine description to this file")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    gpu = device.type == "cuda"
+    tokens = args.tokens or (1024 if gpu else 32)
+    steps = args.steps or (25 if gpu else 4)
+    repeats = args.repeats or (10 if gpu else 1)
+    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if gpu else torch.float32)
+    rows = run(_split(args.cases, tuple(CASES), "cases"), _split(args.methods, METHODS, "methods"),
+               device, tokens, steps, repeats, dtype)
+    print(format_table(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": machine_description(device), "dtype": str(dtype), "rows": [asdict(r) for r in rows]}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
