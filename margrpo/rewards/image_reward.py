@@ -73,6 +73,7 @@ class ImageRewardNet(nn.Module):
             max_position_embeddings=med_config["max_position_embeddings"],
             layer_norm_eps=med_config.get("layer_norm_eps", 1e-12), hidden_act=med_config.get("hidden_act", "gelu"),
             encoder_hidden_size=vit["embed_dim"], pad_token_id=med_config.get("pad_token_id", 0),
+            bos_token_id=None, sep_token_id=None,  # generation-only ids; scoring never generates
             is_decoder=True,  # builds the cross-attention layers; forward runs bidirectionally
         )
         self.blip.text_encoder = BlipTextModel(text_config, add_pooling_layer=False)
