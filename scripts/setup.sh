@@ -12,7 +12,7 @@ fi
 pip install -q --upgrade pip setuptools wheel ninja
 pip install -q "torch==2.14.1"
 # --no-build-isolation: the extension must build against the torch just installed
-pip install -q --no-build-isolation -e ".[test,plot,rewards]"
+pip install -q --no-build-isolation -e ".[test,plot,train,rewards,models]"
 python - <<'PY'
 import margrpo.ops as ops
 print("margrpo installed; backends:", ", ".join(ops.available_backends()))

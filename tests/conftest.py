@@ -15,6 +15,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# The tests use small tensors: one intra-op thread avoids OpenMP spin-waits, which made small ops
+# ~20x slower on a loaded 2-core machine. MARGRPO_TEST_THREADS overrides.
+torch.set_num_threads(int(os.environ.get("MARGRPO_TEST_THREADS", "1")))
+
 import margrpo.ops as ops  # noqa: E402
 from margrpo.ops import _backend, _kernels  # noqa: E402
 
