@@ -63,5 +63,9 @@ class MARBackbone(Protocol):
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [B, N, C] -> images float [B, 3, H, W] in [0, 1]."""
 
+    def make_sampler(self, num_steps: int | None = None):
+        """The head's diffusion sampler (margrpo.diffusion) with `num_steps` steps (None: the model's
+        default), built from the checkpoint's own scheduler settings."""
+
     def trainable_parameters(self) -> list[nn.Parameter]:
         """Parameters GRPO updates by default (the head excluded: it is frozen)."""
