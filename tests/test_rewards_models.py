@@ -283,3 +283,20 @@ def test_grounding_dino_scores_follow_detections(built):
     objects = CompBenchItem.from_metadata({"nouns": ["cat", "dog", "bird"]}, 0)
     found["bird"] = torch.tensor([0.1, 0.1, 0.2])
     assert reward._score_item(objects, found, boxes) == pytest.approx(2 / 3)
+
+
+def test_hf_directory_corrupt_or_incomplete(weights, tmp_path):
+    import shutil
+
+    directory = tmp_path / "pickscore"
+    shutil.copytree(weights("pickscore")["path"], directory)
+    (directory / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json header.")
+    with pytest.raises(CorruptWeightsError, match=r"cannot load CLIPModel from .*pickscore"):
+        build_reward("pickscore", path=str(directory), device="cpu")
+    (directory / "model.safetensors").unlink()
+    with pytest.raises(MissingWeightsError, match=r"missing file .*model.safetensors or .*pytorch_model.bin"):
+        build_reward("pickscore", path=str(directory), device="cpu")
+    shutil.copy(Path(weights("pickscore")["path"]) / "model.safetensors", directory)
+    (directory / "preprocessor_config.json").unlink()
+    with pytest.raises(MissingWeightsError, match=r"missing file .*preprocessor_config.json"):
+        build_reward("pickscore", path=str(directory), device="cpu")

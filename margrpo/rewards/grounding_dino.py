@@ -107,10 +107,10 @@ class GroundingDinoReward(Reward):
                  device: str | None = None, dtype: torch.dtype | str = torch.float32,
                  batch_size: int | None = None) -> None:
         super().__init__(device=device, dtype=dtype, batch_size=batch_size)
-        from transformers import AutoTokenizer, GroundingDinoForObjectDetection
-
         directory = resolve(SPEC, path, kind="dir")
         require_files(SPEC, directory, ["preprocessor_config.json", ("tokenizer.json", "vocab.txt")])
+        from transformers import AutoTokenizer, GroundingDinoForObjectDetection  # the rewards extra; needed from here on
+
         self.model = load_hf_model(SPEC, GroundingDinoForObjectDetection, directory).to(self.device, self.dtype)
         self.tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
         self.transform = ImageTransform.from_hf_config(directory / "preprocessor_config.json")

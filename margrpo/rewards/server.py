@@ -152,7 +152,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
     parser.add_argument("--port", type=int, default=8765)
     args = parser.parse_args(argv)
-    server = RewardServer(rewards_from_args(args), host=args.host, port=args.port)
+    try:
+        rewards = rewards_from_args(args)
+    except (ValueError, KeyError) as err:  # a usage mistake: say it like argparse does
+        parser.error(str(err))
+    server = RewardServer(rewards, host=args.host, port=args.port)
     print(f"margrpo serve-reward: serving {', '.join(sorted(server.rewards))} at {server.url}", flush=True)
     try:
         server.serve_forever()
