@@ -11,8 +11,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# what the rewards need when pyproject.toml does not define the extra yet (kept in step with the report)
-PROPOSED_EXTRA = ["transformers>=4.46", "open-clip-torch>=2.24", "timm>=1.0"]
 FORBIDDEN = {"hpsv2", "image-reward", "fairscale"}
 GUARDED = ("pytest", "protobuf", "timm")
 
@@ -24,7 +22,11 @@ def _norm(name: str) -> str:
 def rewards_extra() -> list[str]:
     tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11+")
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    return project.get("optional-dependencies", {}).get("rewards", PROPOSED_EXTRA)
+    extras = project.get("optional-dependencies", {})
+    assert "rewards" in extras, "pyproject.toml must define the optional extra 'rewards'"
+    assert {"transformers", "open-clip-torch", "timm"} <= {_norm(r.split(">")[0].split("=")[0].split("<")[0])
+                                                           for r in extras["rewards"]}
+    return extras["rewards"]
 
 
 def dependency_closure(requirements: list[str]):
