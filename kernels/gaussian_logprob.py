@@ -138,7 +138,7 @@ def gaussian_logprob_fwd(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor,
     out_shape = (R, C) if reduce == REDUCE_NONE else (R,)
     out = torch.empty(out_shape, dtype=acc_dtype(x.dtype), device=x.device)
     if out.numel() == 0:
-        return out.zero_()  # R == 0, or the sum/mean over C == 0 channels is an empty sum
+        return out  # with C == 0 and R > 0 the kernel still runs: empty sum 0, empty mean NaN
     block_r, block_c = _blocks(R, C)
     _gaussian_logprob_fwd_kernel[(triton.cdiv(R, block_r),)](
         x, mean, std, out, R, C,

@@ -115,9 +115,9 @@ def check_topk(scores: torch.Tensor, ks) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_topk_short_rows(gen, dtype):
-    check_topk(randn(gen, 3, 7, dtype=dtype, device=DEVICE), ks=(0, 1, 3, 7))
-    check_topk(tie_heavy_scores(gen, 3, 7, dtype), ks=(2, 5))
-    check_topk(randn(gen, 2, 1, dtype=dtype, device=DEVICE), ks=(0, 1))
+    scores = torch.cat([randn(gen, 1, 7, dtype=dtype, device=DEVICE), tie_heavy_scores(gen, 1, 7, dtype)])
+    check_topk(scores, ks=(0, 1, 3, 7))
+    check_topk(randn(gen, 2, 1, dtype=dtype, device=DEVICE), ks=(1,))
 
 
 @pytest.mark.parametrize("N,dtype", [(1024, torch.float32), (1500, torch.float64), (1500, torch.float16)])
@@ -234,6 +234,29 @@ def test_grpo_finalize_reduces_many_partials_in_order(gen):
     grpo_surrogate._grpo_finalize_kernel[(1,)](partials, loss, stats, n, BLOCK=64)
     assert_close(loss, partials[0].sum(), torch.float64, scale=n)
     assert_close(stats, torch.cat([partials[1:4].sum(1), partials[4].max()[None]]), torch.float64, scale=n)
+
+
+# ------------------------------------------------------------------ empty inputs
+def test_empty_inputs_match_reference():
+    """Zero rows, channels or tokens: no launch where there is nothing to write, and the reference's
+    values where there is (empty sum 0, empty mean NaN, ratio_max 1)."""
+    no_channels, ones = torch.zeros(3, 0, device=DEVICE), torch.ones(3, 1, device=DEVICE)
+    for reduce in (ref.REDUCE_NONE, ref.REDUCE_SUM, ref.REDUCE_MEAN):
+        check(gaussian_logprob.gaussian_logprob_fwd(no_channels, no_channels, ones, reduce),
+              ref.gaussian_logprob_fwd(no_channels, no_channels, ones, reduce), torch.float32)
+    grads = gaussian_logprob.gaussian_logprob_bwd(torch.ones(3, device=DEVICE), no_channels, no_channels, ones, ref.REDUCE_SUM)
+    for a, e in zip(grads, ref.gaussian_logprob_bwd(torch.ones(3, device=DEVICE), no_channels, no_channels, ones, ref.REDUCE_SUM)):
+        check(a, e, torch.float32)
+    samples = torch.zeros(2, 3, 0, device=DEVICE)
+    check(trajectory_std.trajectory_std_fwd(samples), ref.trajectory_std_fwd(samples), torch.float32)
+    assert consistency.consistency_mask_fwd(no_channels, no_channels, no_channels, 0.0).tolist() == [False] * 3
+    assert topk.topk_indices_fwd(torch.zeros(2, 0, device=DEVICE), 0).shape == (2, 0)
+    assert topk.topk_mask_fwd(torch.zeros(0, 5, device=DEVICE), 2).shape == (0, 5)
+    logp = torch.zeros(2, 3, 0, device=DEVICE)
+    no_tokens = (logp, logp, torch.zeros(3, device=DEVICE), torch.zeros(3, 0, device=DEVICE),
+                 torch.zeros(3, 0, dtype=torch.bool, device=DEVICE))
+    loss, stats, grad = grpo_surrogate.grpo_surrogate_fwd(*no_tokens, 0.2, 0.2)
+    assert loss == 0 and stats.tolist() == [0.0, 0.0, 0.0, 1.0] and grad.shape == (2, 3, 0)
 
 
 # ------------------------------------------------------------------ argument errors
