@@ -171,6 +171,14 @@ class TinyTestBackbone(nn.Module):
         B, N, _ = tokens.shape
         return torch.sigmoid(tokens[..., :3]).transpose(1, 2).reshape(B, 3, 3, N // 3)
 
+    def make_sampler(self, num_steps: int | None = None):
+        from margrpo.diffusion import DDPMSampler
+
+        # IDDPM cosine schedule, learned-range variance (2C head outputs, Harmon-like); x0 prediction
+        # keeps the chains of a random-init head bounded. The last step (t = 0) is deterministic.
+        return DDPMSampler(num_steps or 6, beta_schedule="cosine", spacing="iddpm", prediction_type="sample",
+                           variance_type="learned_range")
+
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for name, p in self.named_parameters() if not name.startswith("head.")]
 
@@ -192,12 +200,8 @@ def backbone64(backbone):
 
 
 @pytest.fixture(scope="module")
-def sampler():
-    from margrpo.diffusion import DDPMSampler
-
-    # IDDPM cosine schedule, learned-range variance (2C head outputs, Harmon-like); x0 prediction keeps
-    # the chains of a random-init head bounded. The last step (t = 0) is deterministic.
-    return DDPMSampler(6, beta_schedule="cosine", spacing="iddpm", prediction_type="sample", variance_type="learned_range")
+def sampler(backbone):
+    return backbone.make_sampler()
 
 
 def _config(**overrides) -> RolloutConfig:
@@ -528,3 +532,12 @@ def test_bad_input_names_the_argument(backbone, sampler):
         rollout_logprob(backbone, rollout, cfg="half")
     with pytest.raises(ValueError, match="steps"):
         rollout_logprob(backbone, rollout, steps=[3])
+
+
+def test_default_sampler_comes_from_the_backbone(backbone):
+    from margrpo.rollout import generate
+
+    rollout = generate(backbone, PROMPTS[:1], _config(num_diffusion_steps=5), [1])
+    assert rollout.sampler.num_steps == 5 and rollout.x_t.shape[0] == 1
+    with pytest.raises(ValueError, match="num_diffusion_steps"):
+        RolloutConfig(num_diffusion_steps=0)

@@ -11,7 +11,8 @@ from .schedule import SCHEDULES
 class RolloutConfig:
     """Generation and recording settings.
 
-    Generation: `num_mask_steps` S with the `schedule` variant; classifier-free guidance with
+    Generation: `num_mask_steps` S with the `schedule` variant; `num_diffusion_steps` T of the head's
+    sampler (None: the model's default, backbone.make_sampler()); classifier-free guidance with
     `cfg_scale` (1.0 = off; 0 = unconditional), `cfg_schedule` "constant" or "linear" (MUSE/MAR:
     1 + (scale - 1) * revealed_after_step / N), `cfg_channels` "all" (NOVA) or "eps" (Harmon: guide
     only the first C output channels, variance from the conditional half), `negative_prompt`
@@ -32,6 +33,7 @@ class RolloutConfig:
 
     num_mask_steps: int = 64
     schedule: Literal["nova", "harmon"] = "nova"
+    num_diffusion_steps: Optional[int] = None
     cfg_scale: float = 1.0
     cfg_schedule: Literal["constant", "linear"] = "constant"
     cfg_channels: Literal["all", "eps"] = "all"
@@ -49,6 +51,8 @@ class RolloutConfig:
 
         need(isinstance(self.num_mask_steps, int) and self.num_mask_steps >= 1, "num_mask_steps", "an integer >= 1")
         need(self.schedule in SCHEDULES, "schedule", f"one of {', '.join(SCHEDULES)}")
+        need(self.num_diffusion_steps is None or (isinstance(self.num_diffusion_steps, int) and self.num_diffusion_steps >= 1),
+             "num_diffusion_steps", "None or an integer >= 1")
         need(isinstance(self.cfg_scale, (int, float)) and self.cfg_scale >= 0, "cfg_scale", "a number >= 0")
         need(self.cfg_schedule in ("constant", "linear"), "cfg_schedule", "'constant' or 'linear'")
         need(self.cfg_channels in ("all", "eps"), "cfg_channels", "'all' or 'eps'")

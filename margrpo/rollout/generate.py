@@ -9,7 +9,8 @@ Randomness is per sample (margrpo.rollout.seeding): image b draws its order, the
 [N, T_diff + 1, K + 1, C] (per position: the initial x_T and one standard normal per diffusion step,
 for every trajectory and channel) from its own generator before the loop. A token's chains read the bank at the token's position, so a
 sample never depends on what else shares the batch, and a position re-denoised at a later mask step
-("unknown" mode) sees the same noise (common random numbers for the consistency test).
+("unknown" mode) sees the same noise (common random numbers for the consistency test). The bank is
+transient: B N (T_diff + 1) (K + 1) C floats (NOVA-like B=16, N=1024, T=25, K=3, C=16: 109 MB).
 """
 from __future__ import annotations
 
@@ -90,10 +91,8 @@ def _batch_first(recorded: torch.Tensor, B: int, P: int) -> torch.Tensor:
     return out.reshape(B, T, R * P, *tail)
 
 
-def _stack_steps(per_step: list[torch.Tensor] | None, like: torch.Tensor) -> torch.Tensor | None:
-    """M tensors [B, N, C] -> [B, M, N, C] (None stays None); `like` [B, N, C] gives the empty case."""
-    if per_step is None:
-        return None
+def _stack_steps(per_step: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    """M tensors [B, N, C] -> [B, M, N, C]; `like` [B, N, C] gives the shape when M = 0."""
     return torch.stack(per_step, 1) if per_step else like.new_zeros(like.shape[0], 0, *like.shape[1:])
 
 
@@ -104,17 +103,20 @@ def generate(
     config: RolloutConfig,
     seeds: Sequence[int],
     *,
-    sampler,
+    sampler=None,
     plan: RecordPlan | None = None,
 ) -> Rollout:
     """Generate one image per prompt and record the planned transitions.
 
     backbone: a margrpo.models.base.MARBackbone; prompts: B prompt strings (repeat a prompt for a GRPO
     group); seeds: B per-sample seeds (margrpo.rollout.seeding.group_seeds); sampler: the head's
-    diffusion sampler (margrpo.diffusion). plan: the steps to record; by default drawn from a hash of
-    the seeds, so the same seeds reproduce the same plan. Runs without gradient.
+    diffusion sampler (margrpo.diffusion; default backbone.make_sampler(config.num_diffusion_steps)).
+    plan: the steps to record; by default drawn from a hash of the seeds, so the same seeds reproduce
+    the same plan. Runs without gradient.
     """
     _check_inputs(prompts, seeds, config)
+    if sampler is None:
+        sampler = backbone.make_sampler(config.num_diffusion_steps)
     B, N, C = len(prompts), backbone.num_tokens, backbone.token_channels
     K, diff_steps = config.num_seeds, sampler.num_steps
     device, dtype = _device_and_dtype(backbone)
@@ -136,26 +138,25 @@ def generate(
     canvas = torch.zeros(B, N, C, device=device, dtype=dtype)
     known = torch.zeros(B, N, dtype=torch.bool, device=device)
     seed_tokens = torch.zeros(B, K, N, C, device=device, dtype=dtype)
-    records: list[dict[str, torch.Tensor]] = [{} for _ in plan.mask_steps]
-    cfg_scales = [0.0] * len(plan.mask_steps)
-    pred_clean = [torch.zeros_like(canvas) for _ in plan.mask_steps] if unknown_mode else None
-    pred_clean_prev = [torch.zeros_like(canvas) for _ in plan.mask_steps] if unknown_mode else None
+    M = plan.num_mask_steps
+    records: list[dict[str, torch.Tensor]] = [{} for _ in range(M)]
+    cfg_scales = [0.0] * M
+    predictions: list = [None] * M  # "unknown" mode: pred_clean and pred_clean_prev per recorded step
+    previous_predictions: list = [None] * M
     last_prediction = None
 
     start = 0
     for step in steps:
-        n = counts[step]
-        j = recorded_index.get(step)
-        wide = unknown_mode and (j is not None or step in needs_prev)
-        positions = order[:, start:] if wide else order[:, start : start + n]
+        n, j = counts[step], recorded_index.get(step)
+        all_unknown = unknown_mode and (j is not None or step in needs_prev)
+        positions = order[:, start:] if all_unknown else order[:, start : start + n]  # committed ones first
         P = positions.shape[1]
         z = backbone.forward_z(cond.batch, canvas.repeat(cond.rows_per_image, 1, 1), known.repeat(cond.rows_per_image, 1))
-        z_rows = head_condition(z, cond, positions)
         noise = _gather_rows(noise_bank, positions).reshape(B * P, diff_steps + 1, K + 1, C).permute(1, 2, 0, 3)
         scale = config.cfg_scale_at(start + n, N)
         out = multi_seed_denoise(
-            backbone.head, z_rows, sampler, num_seeds=K, cfg=guidance_for(config, scale),
-            record_steps=plan.diffusion_steps[j] if j is not None else (),
+            backbone.head, head_condition(z, cond, positions), sampler, num_seeds=K,
+            cfg=guidance_for(config, scale), record_steps=plan.diffusion_steps[j] if j is not None else (),
             temperature=config.temperature, noise=noise,
         )
         x0 = out.x0.to(dtype).reshape(K + 1, B, P, C)
@@ -163,19 +164,16 @@ def generate(
         canvas.scatter_(1, committed[..., None].expand(-1, -1, C), x0[0, :, :n])
         known.scatter_(1, committed, True)
         seed_tokens.scatter_(2, committed[:, None, :, None].expand(-1, K, -1, C), x0[1:, :, :n].transpose(0, 1))
-        if wide:
-            prediction = canvas.clone()
-            prediction.scatter_(1, positions[..., None].expand(-1, -1, C), x0[0])
+        prediction = None
+        if all_unknown:  # committed tokens where known, the head's sample (trajectory 0) elsewhere
+            prediction = canvas.clone().scatter_(1, positions[..., None].expand(-1, -1, C), x0[0])
         if j is not None:
             cfg_scales[j] = scale
-            records[j] = {
-                name: _batch_first(getattr(out, name).to(dtype), B, P) for name in ("x_t", "x_prev", "mean", "std", "logp")
-            }
+            records[j] = {name: _batch_first(getattr(out, name).to(dtype), B, P) for name in ("x_t", "x_prev", "mean", "std", "logp")}
             if unknown_mode:
-                pred_clean[j] = prediction
-                if last_prediction is not None:
-                    pred_clean_prev[j] = last_prediction
-        last_prediction = prediction if wide else None
+                predictions[j] = prediction
+                previous_predictions[j] = torch.zeros_like(canvas) if last_prediction is None else last_prediction
+        last_prediction = prediction
         start += n
 
     def cat(name: str, tail: tuple[int, ...]) -> torch.Tensor:
@@ -194,8 +192,8 @@ def generate(
         mean=cat("mean", (C,)),
         std=cat("std", (C,)),
         logp=cat("logp", ()),
-        pred_clean=_stack_steps(pred_clean, canvas),
-        pred_clean_prev=_stack_steps(pred_clean_prev, canvas),
+        pred_clean=_stack_steps(predictions, canvas) if unknown_mode else None,
+        pred_clean_prev=_stack_steps(previous_predictions, canvas) if unknown_mode else None,
         reveal_counts=tuple(counts),
         plan=plan,
         cfg_scales=tuple(cfg_scales),
