@@ -31,16 +31,18 @@ RADIX = tl.constexpr(16)  # 2 ** RADIX_BITS candidate digits per pass
 
 @triton.jit
 def _order_key(x, KEY_BITS: tl.constexpr):
-    """Signed integer key with the same order as the float x (not NaN); -0.0 maps to +0.0's key."""
+    """Signed integer key with the same order as the float x (not NaN); -0.0 gets +0.0's key."""
     if KEY_BITS == 64:
-        x = x.to(tl.float64)
-        bits = tl.where(x == 0, 0.0, x).to(tl.int64, bitcast=True)
-        # negative floats order by decreasing magnitude: flip their magnitude bits
-        return bits ^ ((bits >> 63) & 0x7FFFFFFFFFFFFFFF)
+        bits = x.to(tl.float64).to(tl.int64, bitcast=True)
+        magnitude_bits = 0x7FFFFFFFFFFFFFFF
     else:
-        x = x.to(tl.float32)
-        bits = tl.where(x == 0, 0.0, x).to(tl.int32, bitcast=True)
-        return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+        bits = x.to(tl.float32).to(tl.int32, bitcast=True)
+        magnitude_bits = 0x7FFFFFFF
+    # +-0.0 are the only patterns with every bit but the sign clear: map both to +0.0 on the
+    # integer side, where no float simplification can undo it
+    bits = tl.where((bits << 1) == 0, 0, bits)
+    # negative floats order by decreasing magnitude: flip their magnitude bits
+    return bits ^ ((bits >> (KEY_BITS - 1)) & magnitude_bits)
 
 
 @triton.jit
