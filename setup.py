@@ -28,6 +28,11 @@ def _want_cuda(torch_module) -> bool:
 def _extensions():
     if os.environ.get("MARGRPO_NO_EXTENSION") == "1":
         return [], {}
+    # An `nvcc` on PATH may be a wrapper outside the toolkit (/usr/local/bin/nvcc): torch would then
+    # take CUDA_HOME=/usr/local and fail to link libcudart. Prefer the standard toolkit location, which
+    # is torch's own fallback (set before torch.utils.cpp_extension reads it at import).
+    if not (os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")) and os.path.exists("/usr/local/cuda/bin/nvcc"):
+        os.environ["CUDA_HOME"] = "/usr/local/cuda"
     import torch
     from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
 

@@ -1,0 +1,89 @@
+// grpo_surrogate_fwd: arguments and the per-term math shared by the CPU and CUDA kernels.
+// The clipped PPO/GRPO objective, its gradient w.r.t. logp and four statistics in one pass; see
+// margrpo/ops/reference.py for the contract.
+#pragma once
+
+#include "common.h"
+
+namespace margrpo::grpo {
+
+constexpr double kMaxLogRatio = 20.0;  // log-ratios are clamped to +-20 before exp (no overflow to inf)
+
+// Order of the statistics in the stats output; kLoss is an internal slot of the partial sums.
+enum Slot { kClipFraction = 0, kApproxKl = 1, kRatioMean = 2, kRatioMax = 3, kLoss = 4, kSlots = 5 };
+
+struct Args {
+  at::Tensor logp, old_logp, advantages, weights, mte_mask;
+  int64_t T, B, L;
+};
+
+inline Args prepare(const char* op, at::Tensor logp, at::Tensor old_logp, const at::Tensor& advantages,
+                    const at::Tensor& weights, const at::Tensor& mte_mask) {
+  check_floating(op, "logp", logp);
+  check_floating(op, "old_logp", old_logp);
+  check_floating(op, "advantages", advantages);
+  check_floating(op, "weights", weights);
+  check_dim(op, "logp", logp, 3, "[T, B, L]");
+  check_shape(op, "old_logp", old_logp, logp.sizes(), "logp");
+  const int64_t T = logp.size(0), B = logp.size(1), L = logp.size(2);
+  TORCH_CHECK(advantages.dim() == 1 && advantages.size(0) == B, op, ": advantages must be [B] = [", B,
+              "], got shape ", advantages.sizes());
+  TORCH_CHECK(weights.dim() == 2 && weights.size(0) == B && weights.size(1) == L, op, ": weights must be [B, L] = [",
+              B, ", ", L, "], got shape ", weights.sizes());
+  TORCH_CHECK(mte_mask.dim() == 2 && mte_mask.size(0) == B && mte_mask.size(1) == L, op,
+              ": mte_mask must be [B, L] = [", B, ", ", L, "], got shape ", mte_mask.sizes());
+  TORCH_CHECK(mte_mask.scalar_type() == at::kBool, op, ": mte_mask must be a bool tensor, got ",
+              mte_mask.scalar_type());
+  check_same_device(op, "old_logp", old_logp, logp, "logp");
+  check_same_device(op, "advantages", advantages, logp, "logp");
+  check_same_device(op, "weights", weights, logp, "logp");
+  check_same_device(op, "mte_mask", mte_mask, logp, "logp");
+  const at::ScalarType acc = acc_dtype(logp.scalar_type());  // the reference's dtype, from logp alone
+  unify_dtype({&logp, &old_logp});
+  return {logp.contiguous(), old_logp.contiguous(), advantages.to(acc).contiguous(), weights.to(acc).contiguous(),
+          mte_mask.contiguous(), T, B, L};
+}
+
+// Constants of one call, in the accumulation dtype (torch casts Python scalars to the tensor dtype).
+template <typename acc_t>
+struct Clip {
+  acc_t low, high, inv_T;  // ratio range [1 - clip_low, 1 + clip_high]; the MTE weight 1/T
+  Clip(double clip_low, double clip_high, int64_t T)
+      : low(acc_t(1.0 - clip_low)), high(acc_t(1.0 + clip_high)), inv_T(acc_t(1.0 / double(T))) {}
+};
+
+// The log-ratio, clamped to +-kMaxLogRatio (NaN stays NaN); the caller takes its exp.
+template <typename acc_t>
+C10_HOST_DEVICE inline acc_t clamped_log_ratio(acc_t logp, acc_t old_logp) {
+  const acc_t max_lr = acc_t(kMaxLogRatio);
+  const acc_t log_ratio = logp - old_logp;
+  return log_ratio < -max_lr ? -max_lr : (log_ratio > max_lr ? max_lr : log_ratio);
+}
+
+// The weight of a term: weights[b, l] times 1/T on MTE tokens, else 1 for trajectory 0 and 0.
+template <typename acc_t>
+C10_HOST_DEVICE inline acc_t term_weight(acc_t token_weight, bool mte, bool first, const Clip<acc_t>& clip) {
+  return token_weight * (mte ? clip.inv_T : acc_t(first ? 1 : 0));
+}
+
+// What one (trajectory, token) term adds to the loss and statistics, and d loss / d logp.
+template <typename acc_t>
+struct Term {
+  acc_t grad, loss, clipped, kl, ratio, kept_ratio;  // kept_ratio: the ratio if w > 0, else -1
+};
+
+template <typename acc_t>
+C10_HOST_DEVICE inline Term<acc_t> term(acc_t log_ratio, acc_t ratio, acc_t adv, acc_t w, const Clip<acc_t>& clip) {
+  const acc_t clamped = ratio < clip.low ? clip.low : (ratio > clip.high ? clip.high : ratio);
+  const acc_t unclipped = -adv * ratio;
+  const acc_t clipped = -adv * clamped;
+  const bool is_clipped = clipped > unclipped;  // the gradient is zero where the clipped branch wins
+  return {is_clipped ? acc_t(0) : w * unclipped,
+          w * (is_clipped ? clipped : unclipped),
+          is_clipped ? w : acc_t(0),
+          w * (ratio - acc_t(1) - log_ratio),
+          w * ratio,
+          w > acc_t(0) ? ratio : acc_t(-1)};
+}
+
+}  // namespace margrpo::grpo
