@@ -541,3 +541,12 @@ def test_default_sampler_comes_from_the_backbone(backbone):
     assert rollout.sampler.num_steps == 5 and rollout.x_t.shape[0] == 1
     with pytest.raises(ValueError, match="num_diffusion_steps"):
         RolloutConfig(num_diffusion_steps=0)
+
+
+def test_rollout_benchmark_smoke(capsys):
+    from margrpo.bench import rollout as bench
+
+    assert bench.main(["--models", "tiny", "--batch", "1", "--mask-steps", "2", "--diffusion-steps", "3"]) == 0
+    table = capsys.readouterr().out.strip().splitlines()
+    assert [line.split()[1] for line in table[1:]] == ["fused", "per-seed", "reference"]
+    assert float(table[-1].split()[-1]) == 1.0  # the reference against itself

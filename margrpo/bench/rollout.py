@@ -1,0 +1,251 @@
+"""Benchmark of a whole MAR rollout: images/s of margrpo.rollout.generate against the reference code's way.
+
+Every path runs the same backbone, head, sampler, mask schedule, K seed trajectories, CFG and
+recorded steps; they differ in how the head work is organised:
+  fused      margrpo.rollout.generate: at each mask step only the revealed tokens, all K + 1
+             trajectories in one batched pass with the modulation shared (heads.multi_seed_denoise)
+  per-seed   the same tokens, one chain per trajectory through the official head forward (the
+             modulation recomputed in every call): isolates the multi-seed fusion
+  reference  the reference code's approach: one chain per trajectory over ALL N tokens at every
+             mask step (official forward), of which the revealed ones are kept
+Models:
+  tiny         margrpo.models.TinyMAR (the shipped checkpoint when present, else random init) and its
+               own sampler
+  nova, harmon the real head at random init (margrpo.bench.denoise.build: NOVA d6w1024 K=3 CFG 5 on all
+               channels; Harmon mar_h K=5 CFG 3 on eps) behind a stand-in backbone of one linear layer:
+               the transformer costs the same S forward passes in every path, so it is left out and
+               the table isolates the work the paths do differently.
+Time: median of `repeats` rollouts after one warm-up (perf_counter on CPU, CUDA events on CUDA).
+The reference path does about S times the head work of the others: at full size (N=1024, S=64,
+T=25) budget minutes per model on a GPU, or shorten it with --mask-steps / --paths.
+
+    python -m margrpo.bench.rollout --models tiny --batch 4
+    margrpo bench rollout --models nova,harmon --device cuda --batch 8 --json out.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import zlib
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from margrpo.bench.denoise import CASES, build, machine_description, make_sampler, time_ms
+from margrpo.heads import reinit_zero_layers_
+from margrpo.heads.reference import eager_multi_seed_denoise
+from margrpo.models.base import PromptBatch
+from margrpo.rollout import RolloutConfig, effective_steps, generate, group_seeds, mask_schedule
+from margrpo.rollout.guidance import guidance_for, head_condition, prompt_rows
+
+MODELS = ("tiny", "nova", "harmon")
+PATHS = ("fused", "per-seed", "reference")
+TINY_CHECKPOINT = Path("checkpoints/shapes-tiny")
+
+
+class StandInBackbone(nn.Module):
+    """A MARBackbone whose z is one linear map of the canvas plus position and prompt embeddings:
+    negligible next to the head, so a benchmark of the rollout measures the sampling work."""
+
+    def __init__(self, head: nn.Module, num_tokens: int, token_channels: int, vocab: int = 1024):
+        super().__init__()
+        width = head.z_channels
+        self.num_tokens, self.token_channels, self.vocab = num_tokens, token_channels, vocab
+        self.word_embed = nn.Embedding(vocab, width)
+        self.token_in = nn.Linear(token_channels, width)
+        self.mask_embed = nn.Parameter(torch.randn(width) * 0.02)
+        self.pos_embed = nn.Parameter(torch.randn(num_tokens, width) * 0.02)
+        self.head = head
+
+    def encode_prompts(self, prompts: list[str]) -> PromptBatch:
+        words = [p.split() or [""] for p in prompts]
+        length = max(len(w) for w in words)
+        ids = torch.zeros(len(prompts), length, dtype=torch.long)
+        mask = torch.zeros(len(prompts), length, dtype=torch.bool)
+        for row, ws in enumerate(words):
+            for col, w in enumerate(ws):
+                ids[row, col], mask[row, col] = zlib.crc32(w.encode()) % self.vocab, True
+        device = self.pos_embed.device
+        return PromptBatch(self.word_embed(ids.to(device)), mask.to(device))
+
+    def negative_prompt(self) -> str:
+        return ""
+
+    def forward_z(self, prompts: PromptBatch, canvas: torch.Tensor, known: torch.Tensor) -> torch.Tensor:
+        text = (prompts.embeds * prompts.mask[..., None]).sum(1) / prompts.mask.sum(1, keepdim=True).clamp(min=1)
+        tokens = torch.where(known[..., None], self.token_in(canvas), self.mask_embed)
+        return tokens + self.pos_embed + text[:, None]
+
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
+        side = int(self.num_tokens ** 0.5)
+        return tokens[..., :3].transpose(1, 2).reshape(tokens.shape[0], 3, side, -1).sigmoid()
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for name, p in self.named_parameters() if not name.startswith("head.")]
+
+
+@dataclass
+class Setup:
+    backbone: nn.Module
+    sampler: object
+    config: RolloutConfig
+    prompts: tuple[str, ...]  # cycled over the batch
+
+
+def make_setup(model: str, device: torch.device, dtype: torch.dtype, tokens: int, mask_steps: int,
+               diffusion_steps: int) -> Setup:
+    """The backbone, sampler and rollout config of a benchmark model."""
+    record = dict(record_mask_steps=min(12, mask_steps - 1), record_diffusion_steps=min(10, diffusion_steps - 1))
+    if model == "tiny":
+        from margrpo.models import TinyMAR
+
+        backbone = TinyMAR.load(TINY_CHECKPOINT) if (TINY_CHECKPOINT / "config.json").exists() else TinyMAR()
+        if not (TINY_CHECKPOINT / "config.json").exists():
+            with torch.no_grad():
+                reinit_zero_layers_(backbone.head)
+        backbone = backbone.to(device).eval()
+        config = RolloutConfig(num_mask_steps=mask_steps, schedule="harmon", cfg_scale=3.0, num_seeds=3, **record)
+        prompts = ("a red square", "two blue circles", "a green triangle left of a yellow circle")
+        return Setup(backbone, backbone.make_sampler(diffusion_steps), config, prompts)
+    case = CASES["nova-d6w1024" if model == "nova" else "harmon-mar_h"]
+    backbone = StandInBackbone(build(case, device, dtype), tokens, 16).to(device)
+    backbone.head.to(dtype)
+    config = RolloutConfig(num_mask_steps=mask_steps, schedule=case.family, cfg_scale=case.guidance.scale,
+                           cfg_channels=case.guidance.channels, num_seeds=case.num_seeds, **record)
+    return Setup(backbone, make_sampler(case, diffusion_steps), config, ("a photo of a cat", "a red car on a road"))
+
+
+@torch.no_grad()
+def per_seed_rollout(backbone, prompts: list[str], config: RolloutConfig, sampler, all_tokens: bool,
+                     generator: torch.Generator) -> torch.Tensor:
+    """The rollout with one eager chain per trajectory (margrpo.heads.reference), over the revealed
+    tokens or over all N tokens of every image at every mask step. -> images."""
+    B, N, C, K = len(prompts), backbone.num_tokens, backbone.token_channels, config.num_seeds
+    device = next(backbone.parameters()).device
+    counts = mask_schedule(N, config.num_mask_steps, config.schedule)
+    record_at = set(effective_steps(counts)[: config.record_mask_steps])
+    record_steps = tuple(sampler.stochastic_steps()[: config.record_diffusion_steps])
+    rows = prompt_rows(backbone, prompts, config)
+    order = torch.stack([torch.randperm(N, generator=generator, device=device) for _ in range(B)])
+    canvas = torch.zeros(B, N, C, device=device)
+    known = torch.zeros(B, N, dtype=torch.bool, device=device)
+    every = torch.arange(N, device=device).expand(B, N)
+    start = 0
+    for step in effective_steps(counts):
+        n = counts[step]
+        revealed = order[:, start : start + n]
+        positions = every if all_tokens else revealed
+        z = backbone.forward_z(rows.batch, canvas.repeat(rows.rows_per_image, 1, 1), known.repeat(rows.rows_per_image, 1))
+        noise = torch.randn(sampler.num_steps + 1, K + 1, positions.numel(), C, generator=generator, device=device)
+        out = eager_multi_seed_denoise(
+            backbone.head, head_condition(z, rows, positions), sampler, K, noise,
+            cfg=guidance_for(config, config.cfg_scale_at(start + n, N)),
+            record_steps=record_steps if step in record_at else (), temperature=config.temperature,
+        )
+        x0 = out.x0[0].reshape(B, -1, C).float()
+        values = x0.gather(1, revealed[..., None].expand(-1, -1, C)) if all_tokens else x0
+        canvas.scatter_(1, revealed[..., None].expand(-1, -1, C), values)
+        known.scatter_(1, revealed, True)
+        start += n
+    return backbone.decode(canvas)
+
+
+def path_functions(setup: Setup, batch: int, device: torch.device) -> dict[str, Callable[[], object]]:
+    prompts = [setup.prompts[i % len(setup.prompts)] for i in range(batch)]
+    seeds = group_seeds(0, 0, list(range(batch)), 1)
+    generator = torch.Generator(device=device).manual_seed(0)
+    b, c, s = setup.backbone, setup.config, setup.sampler
+    return {
+        "fused": lambda: generate(b, prompts, c, seeds, sampler=s).images,
+        "per-seed": lambda: per_seed_rollout(b, prompts, c, s, all_tokens=False, generator=generator),
+        "reference": lambda: per_seed_rollout(b, prompts, c, s, all_tokens=True, generator=generator),
+    }
+
+
+@dataclass
+class Row:
+    model: str
+    path: str
+    batch: int
+    tokens: int
+    mask_steps: int
+    diffusion_steps: int
+    num_seeds: int
+    cfg_scale: float
+    ms: float
+    images_per_s: float
+    speedup_vs_reference: float | None
+
+
+def run(models: tuple[str, ...], paths: tuple[str, ...], device: torch.device, dtype: torch.dtype, batch: int,
+        tokens: int, mask_steps: int, diffusion_steps: int, repeats: int) -> list[Row]:
+    rows = []
+    for model in models:
+        setup = make_setup(model, device, dtype, tokens, mask_steps, diffusion_steps)
+        fns = path_functions(setup, batch, device)
+        timed = {path: time_ms(fns[path], device, repeats) for path in paths}
+        for path, ms in timed.items():
+            speedup = timed["reference"] / ms if "reference" in timed else None
+            rows.append(Row(model, path, batch, setup.backbone.num_tokens, mask_steps, setup.sampler.num_steps,
+                            setup.config.num_seeds, setup.config.cfg_scale, ms, batch / (ms / 1e3), speedup))
+    return rows
+
+
+def format_table(rows: list[Row]) -> str:
+    lines = [f"{'model':<7} {'path':<10} {'B':>3} {'N':>5} {'S':>3} {'T':>3} {'K':>2} {'cfg':>4} {'ms':>10} {'img/s':>9} {'x ref':>7}"]
+    for r in rows:
+        speed = f"{r.speedup_vs_reference:.2f}" if r.speedup_vs_reference is not None else "-"
+        lines.append(f"{r.model:<7} {r.path:<10} {r.batch:>3} {r.tokens:>5} {r.mask_steps:>3} {r.diffusion_steps:>3} "
+                     f"{r.num_seeds:>2} {r.cfg_scale:>4g} {r.ms:>10.1f} {r.images_per_s:>9.2f} {speed:>7}")
+    return "\n".join(lines)
+
+
+def _split(value: str, allowed: tuple[str, ...], name: str) -> tuple[str, ...]:
+    items = tuple(v for v in value.split(",") if v)
+    bad = [v for v in items if v not in allowed]
+    if bad or not items:
+        raise SystemExit(f"--{name}: got {value!r}, expected a comma list of {', '.join(allowed)}")
+    return items
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="margrpo bench rollout", description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--models", help="comma list of tiny, nova, harmon (default: all on CUDA, tiny on CPU)")
+    parser.add_argument("--paths", default=",".join(PATHS))
+    parser.add_argument("--batch", type=int, help="images per rollout (default: 4 on CUDA, 2 on CPU)")
+    parser.add_argument("--tokens", type=int, help="tokens per image for nova/harmon (default: 1024 on CUDA, 64 on CPU)")
+    parser.add_argument("--mask-steps", type=int, help="S (default: 64 on CUDA, 8 on CPU)")
+    parser.add_argument("--diffusion-steps", type=int, help="T (default: 25 on CUDA, 4 on CPU)")
+    parser.add_argument("--repeats", type=int, help="timed rollouts after one warm-up (default: 3 on CUDA, 1 on CPU)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="head dtype (default: bf16 on CUDA, fp32 on CPU)")
+    parser.add_argument("--json", help="write the rows and the machine description to this file")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    gpu = device.type == "cuda"
+    batch = args.batch or (4 if gpu else 2)
+    models = args.models or (",".join(MODELS) if gpu else "tiny")
+    tokens = args.tokens or (1024 if gpu else 64)
+    mask_steps = args.mask_steps or (64 if gpu else 8)
+    diffusion_steps = args.diffusion_steps or (25 if gpu else 4)
+    repeats = args.repeats or (3 if gpu else 1)
+    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if gpu else torch.float32)
+    for name, value in (("batch", batch), ("tokens", tokens), ("mask-steps", mask_steps),
+                        ("diffusion-steps", diffusion_steps), ("repeats", repeats)):
+        if value < 1 or (name in ("mask-steps", "diffusion-steps") and value < 2):
+            raise SystemExit(f"--{name}: got {value}, expected a positive integer (>= 2 for step counts)")
+    rows = run(_split(models, MODELS, "models"), _split(args.paths, PATHS, "paths"), device, dtype, batch,
+               tokens, mask_steps, diffusion_steps, repeats)
+    print(format_table(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": machine_description(device), "dtype": str(dtype), "rows": [asdict(r) for r in rows]}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
