@@ -23,7 +23,7 @@ from margrpo.heads import multi_seed_denoise
 from .config import RolloutConfig
 from .guidance import guidance_for, head_condition, prompt_rows
 from .plan import RecordPlan, choose_plan, stochastic_steps
-from .record import Rollout
+from .record import Rollout, head_to_l_layout
 from .schedule import effective_steps, mask_schedule
 from .seeding import make_generators, plan_seed
 
@@ -81,14 +81,6 @@ def _gather_rows(values: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """values [B, N, ...] at positions [B, P] -> [B, P, ...]."""
     index = positions.reshape(*positions.shape, *([1] * (values.dim() - 2)))
     return values.gather(1, index.expand(*positions.shape, *values.shape[2:]))
-
-
-def _batch_first(recorded: torch.Tensor, B: int, P: int) -> torch.Tensor:
-    """[R, K+1, B*P, ...] from the head -> [B, K+1, R*P, ...] in the L layout (r major, p minor)."""
-    R, T = recorded.shape[:2]
-    tail = recorded.shape[3:]
-    out = recorded.reshape(R, T, B, P, *tail).movedim(2, 0).movedim(2, 1)  # [B, T, R, P, ...]
-    return out.reshape(B, T, R * P, *tail)
 
 
 def _stack_steps(per_step: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
@@ -169,7 +161,7 @@ def generate(
             prediction = canvas.clone().scatter_(1, positions[..., None].expand(-1, -1, C), x0[0])
         if j is not None:
             cfg_scales[j] = scale
-            records[j] = {name: _batch_first(getattr(out, name).to(dtype), B, P) for name in ("x_t", "x_prev", "mean", "std", "logp")}
+            records[j] = {name: head_to_l_layout(getattr(out, name).to(dtype), B, P) for name in ("x_t", "x_prev", "mean", "std", "logp")}
             if unknown_mode:
                 predictions[j] = prediction
                 previous_predictions[j] = torch.zeros_like(canvas) if last_prediction is None else last_prediction

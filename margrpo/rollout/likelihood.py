@@ -5,7 +5,8 @@ For each recorded mask step the backbone recomputes z from the stored pre-step c
 (so the step's own tokens get gradient), the head re-evaluates the recorded diffusion transitions of
 all T = 1 + K trajectories under that z (margrpo.heads.denoise_logprob), and the sampler's Gaussian
 gives their log-probabilities. Called with the rollout's own policy this reproduces the recorded
-log-probs exactly (ratio 1), which is what an on-policy PPO/GRPO step relies on.
+log-probs (ratio 1: exact in float64, to rounding in float32), which an on-policy PPO/GRPO step
+relies on.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import torch
 from margrpo.heads import MultiSeedSamples, denoise_logprob
 
 from .guidance import guidance_for, head_condition, prompt_rows
-from .record import Rollout
+from .record import Rollout, head_to_l_layout, l_to_head_layout
 
 LIKELIHOOD_CFG = ("rollout", "none")
 
@@ -35,20 +36,6 @@ class RolloutLikelihood:
     mask: torch.Tensor
 
 
-def _head_layout(values: torch.Tensor, R: int, P: int) -> torch.Tensor:
-    """[B, T, R*P, ...] (L layout of one step) -> [R, T, B*P, ...] as the head records it."""
-    B, T = values.shape[:2]
-    tail = values.shape[3:]
-    return values.reshape(B, T, R, P, *tail).permute(2, 1, 0, 3, *range(4, 4 + len(tail))).reshape(R, T, B * P, *tail)
-
-
-def _l_layout(values: torch.Tensor, B: int, P: int) -> torch.Tensor:
-    """[R, T, B*P, ...] -> [T, B, R*P, ...]."""
-    R, T = values.shape[:2]
-    tail = values.shape[3:]
-    return values.reshape(R, T, B, P, *tail).permute(1, 2, 0, 3, *range(4, 4 + len(tail))).reshape(T, B, R * P, *tail)
-
-
 def rollout_logprob(
     backbone,
     rollout: Rollout,
@@ -62,7 +49,8 @@ def rollout_logprob(
     channels; the likelihood of the actual sampling policy) or "none" (conditional branch only, as
     the reference code trains). steps: recorded mask-step indices j to evaluate (default all, in
     order); the L axis of the result is the concatenation of their `rollout.l_slice(j)`, so a
-    trainer can backpropagate one mask step at a time.
+    trainer can backpropagate one mask step at a time. Ratio 1 on-policy needs the backbone in the
+    same mode as in the rollout (eval: no dropout).
     """
     if cfg not in LIKELIHOOD_CFG:
         raise ValueError(f"cfg: got {cfg!r}, expected one of {', '.join(LIKELIHOOD_CFG)}")
@@ -87,15 +75,15 @@ def rollout_logprob(
         record = MultiSeedSamples(
             x0=rollout.tokens.new_zeros(0),
             steps=rollout.plan.diffusion_steps[j],
-            **{name: _head_layout(getattr(rollout, name)[:, :, part], R, P) for name in ("x_t", "x_prev", "mean", "std", "logp")},
+            **{name: l_to_head_layout(getattr(rollout, name)[:, :, part], R, P) for name in ("x_t", "x_prev", "mean", "std", "logp")},
         )
         logp, mean = denoise_logprob(
             backbone.head, z_rows, rollout.sampler, record,
             cfg=guidance_for(rollout.config, rollout.cfg_scales[j], guided=guided),
             temperature=rollout.config.temperature, return_mean=True,
         )
-        logps.append(_l_layout(logp, B, P))
-        means.append(_l_layout(mean, B, P))
+        logps.append(head_to_l_layout(logp, B, P).transpose(0, 1))
+        means.append(head_to_l_layout(mean, B, P).transpose(0, 1))
         masks.append(committed[part].expand(B, -1))
     if not steps:
         T, C, empty = rollout.num_trajectories, rollout.tokens.shape[-1], rollout.tokens.new_zeros

@@ -29,6 +29,18 @@ from .config import RolloutConfig
 from .plan import RecordPlan
 
 
+def head_to_l_layout(values: torch.Tensor, B: int, P: int) -> torch.Tensor:
+    """The head's recorded [R, T, B*P, ...] (step, trajectory, image-major rows) -> [B, T, R*P, ...]."""
+    R, T, tail = values.shape[0], values.shape[1], values.shape[3:]
+    return values.reshape(R, T, B, P, *tail).movedim(2, 0).movedim(2, 1).reshape(B, T, R * P, *tail)
+
+
+def l_to_head_layout(values: torch.Tensor, R: int, P: int) -> torch.Tensor:
+    """Inverse of head_to_l_layout: [B, T, R*P, ...] -> [R, T, B*P, ...]."""
+    B, T, tail = values.shape[0], values.shape[1], values.shape[3:]
+    return values.reshape(B, T, R, P, *tail).movedim(2, 0).movedim(2, 1).reshape(R, T, B * P, *tail)
+
+
 @dataclass
 class Rollout:
     """One generated batch of B images and the transitions GRPO needs.
@@ -45,7 +57,8 @@ class Rollout:
       x_t, x_prev, mean  fp32  [B, T, L, C]    input, output and policy mean of each transition
       std                fp32  [B, T, L, C]    its std (per channel, as the head records it)
       logp               fp32  [B, T, L]       log N(x_prev; mean, std^2) summed over channels
-    Predicted clean latents ("unknown" mode only, else None), for consistency-aware selection:
+    Predicted clean latents for consistency-aware selection ("unknown" mode only; None in "revealed"
+    mode, where every transition belongs to a token committed at its step, which the selection keeps):
       pred_clean         fp32  [B, M, N, C]    at recorded mask step j, the clean latent the head
                                                sampled (trajectory 0) for every position unknown
                                                before the step; known positions hold their tokens
@@ -60,8 +73,9 @@ class Rollout:
 
     Memory in bytes, with f = 4 bytes per float (8 for fp64), int64 = 8, L = R * sum_j P_j:
         8 B (1 + N) + f B [N C (1 + K) + 3 H W + (K + 1) L (4 C + 1)]   [+ 2 f B M N C in unknown mode]
-    e.g. NOVA-like B=16, N=1024, C=16, K=3, 512x512 images, M=12, R=10, revealed mode (L = 10 x ~200):
-    about 75 MB. `nbytes()` returns the actual count; `footprint(...)` evaluates this formula.
+    e.g. NOVA-like B=16, N=1024, C=16, K=3, 512x512 images, M=12, R=10: revealed mode (L = 10 x ~195)
+    87 MB, of which the images are 50 MB; unknown mode (L = 10 x ~7850) about 1.4 GB.
+    `nbytes()` returns the actual count; `footprint(...)` evaluates this formula.
     """
 
     prompts: list[str]
