@@ -1,0 +1,56 @@
+"""NOVA-0.6B @512 on the GPU: rollout images/s and one GRPO step, fused vs reference-style (bf16,
+random init at the real sizes; margrpo.bench.models.bench_nova). Writes OUT/nova.json.
+
+    python benchmarks/gpu/nova.py --out OUT            # CUDA, real sizes (well under 2 minutes on an H200)
+    python benchmarks/gpu/nova.py --out OUT --tiny     # the tiny preset on CPU: checks this script
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+TARGET_GRPO_SPEEDUP = 3.0  # the issue's target for the fused GRPO step
+
+
+def run(out_dir: str | Path, tiny: bool = False) -> dict:
+    """Benchmark NOVA, write out_dir/nova.json and return its content (plus `meets_target`)."""
+    from margrpo.bench.models import NovaBenchSettings, bench_nova
+
+    device = torch.device("cuda" if torch.cuda.is_available() and not tiny else "cpu")
+    if device.type == "cpu" and not tiny:
+        raise RuntimeError("benchmarks/gpu/nova.py: no CUDA device; run with --tiny for the CPU check")
+    settings = NovaBenchSettings.tiny() if tiny else NovaBenchSettings()
+    result = bench_nova(device, settings)
+    result["meets_target"] = result["speedup"]["grpo_step"] >= TARGET_GRPO_SPEEDUP
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "nova.json").write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def format_table(result: dict) -> str:
+    lines = [f"{'what':<10} {'path':<10} {'ms':>10} {'img/s':>8} {'peak GiB':>9}"]
+    lines += [f"{r['what']:<10} {r['path']:<10} {r['ms']:>10.1f} {r['images_per_s']:>8.3f} {r['peak_gib']:>9.2f}" for r in result["rows"]]
+    speed = result["speedup"]
+    lines.append(f"speedup vs reference: rollout {speed['rollout']:.2f}x, GRPO step {speed['grpo_step']:.2f}x "
+                 f"(target >= {TARGET_GRPO_SPEEDUP:g}x: {'met' if result['meets_target'] else 'NOT met'})")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True, help="output directory (nova.json)")
+    parser.add_argument("--tiny", action="store_true", help="the tiny preset on CPU")
+    args = parser.parse_args(argv)
+    if args.tiny:
+        torch.set_num_threads(1)
+    print(format_table(run(args.out, tiny=args.tiny)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

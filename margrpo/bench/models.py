@@ -1,0 +1,234 @@
+"""Model benchmarks: a whole rollout and one GRPO step of a real backbone (random init at the real
+sizes), the library's fused path against a reference-style eager path, in one run.
+
+    bench_nova(...)    NOVA-0.6B @512 (margrpo.models.nova preset nova-0.6b-random)
+    (bench_harmon lives beside it, kept separate)
+
+NOVA paths (same backbone, sampler, schedule, CFG, K seed trajectories, recorded steps and algorithm
+switches; they differ in how the work is organised):
+  fused      rollout: margrpo.rollout.generate (only the tokens a step needs, all K + 1 trajectories
+             of a token in one head pass with the modulation shared); GRPO step: the shared trainer's
+             Trainer.train_step, with the reference code's algorithm (REINFORCE, unguided likelihood,
+             one update per recorded mask step, KL on the mean) so both paths do the same updates
+  reference  the reference code's way: at every mask step the head denoises ALL N tokens of every
+             image, one chain per trajectory through the official head forward (modulation recomputed
+             in each call); the likelihood re-evaluates all N tokens per recorded step and trajectory
+Each path is warmed up on a short schedule, then timed once (CUDA events on GPU); peak memory is
+torch.cuda.max_memory_allocated during the timed run.
+"""
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+import time
+from pathlib import Path
+from unittest import mock
+
+import torch
+
+from margrpo.bench.denoise import machine_description
+from margrpo.grpo.advantages import group_advantages
+from margrpo.heads.reference import eager_denoise_logprob, eager_multi_seed_denoise
+from margrpo.rollout import RolloutConfig, choose_plan, effective_steps, generate, mask_schedule
+from margrpo.rollout.guidance import guidance_for, head_condition, prompt_rows
+
+NOVA_PROMPTS = ("a photo of a cat on a sofa", "a red sports car on a mountain road",
+                "an oil painting of a lighthouse at dusk", "a bowl of ramen, studio lighting")
+
+
+@dataclasses.dataclass
+class NovaBenchSettings:
+    """Sizes of one NOVA benchmark run (defaults: the paper's sampling setup on the real model)."""
+
+    preset: str = "nova-0.6b-random"
+    dtype: str = "bfloat16"
+    prompts: int = 1  # prompts per GRPO step
+    group_size: int = 4  # images per prompt
+    mask_steps: int = 64
+    diffusion_steps: int = 25
+    num_seeds: int = 3  # K (NOVA's MTE)
+    cfg_scale: float = 5.0
+    record_mask_steps: int = 12
+    record_diffusion_steps: int = 10
+    warmup_mask_steps: int = 8
+
+    @classmethod
+    def tiny(cls) -> "NovaBenchSettings":
+        """CPU-sized: the tiny preset, a few steps (checks the benchmark itself)."""
+        return cls(preset="nova-tiny", dtype="float32", mask_steps=4, diffusion_steps=4, num_seeds=2,
+                   record_mask_steps=2, record_diffusion_steps=2, warmup_mask_steps=3)
+
+    @property
+    def batch(self) -> int:
+        return self.prompts * self.group_size
+
+    def rollout_config(self, mask_steps: int | None = None) -> RolloutConfig:
+        steps = mask_steps or self.mask_steps
+        return RolloutConfig(num_mask_steps=steps, schedule="nova", cfg_scale=self.cfg_scale, negative_prompt="",
+                             num_seeds=self.num_seeds, record_mask_steps=min(self.record_mask_steps, steps - 2),
+                             record_diffusion_steps=self.record_diffusion_steps, likelihood_positions="unknown")
+
+
+def _timed(fn, device: torch.device) -> tuple[float, float]:
+    """(ms, peak GiB allocated; 0 on CPU) of one call."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize(device)
+        return start.elapsed_time(end), torch.cuda.max_memory_allocated(device) / 2**30
+    begin = time.perf_counter()
+    fn()
+    return (time.perf_counter() - begin) * 1e3, 0.0
+
+
+@torch.no_grad()
+def nova_reference_rollout(backbone, prompts: list[str], config: RolloutConfig, sampler, plan, generator: torch.Generator):
+    """The reference code's sampling loop -> (images, records): at every mask step the head denoises
+    all N tokens of each image (official forward, one chain per trajectory) and the step keeps its
+    revealed tokens. records: per recorded mask step (canvas, known, MultiSeedSamples over all N)."""
+    B, N, C, K = len(prompts), backbone.num_tokens, backbone.token_channels, config.num_seeds
+    device = next(backbone.parameters()).device
+    counts = mask_schedule(N, config.num_mask_steps, config.schedule)
+    recorded = {step: j for j, step in enumerate(plan.mask_steps)}
+    rows = prompt_rows(backbone, prompts, config)
+    order = torch.stack([torch.randperm(N, generator=generator, device=device) for _ in range(B)])
+    canvas = torch.zeros(B, N, C, device=device)
+    known = torch.zeros(B, N, dtype=torch.bool, device=device)
+    every = torch.arange(N, device=device).expand(B, N)
+    records, start = [], 0
+    for step in effective_steps(counts):
+        n, j = counts[step], recorded.get(step)
+        revealed = order[:, start : start + n]
+        z = backbone.forward_z(rows.batch, canvas.repeat(rows.rows_per_image, 1, 1), known.repeat(rows.rows_per_image, 1))
+        noise = torch.randn(sampler.num_steps + 1, K + 1, B * N, C, generator=generator, device=device)
+        out = eager_multi_seed_denoise(
+            backbone.head, head_condition(z, rows, every), sampler, K, noise,
+            cfg=guidance_for(config, config.cfg_scale_at(start + n, N)),
+            record_steps=plan.diffusion_steps[j] if j is not None else (), temperature=config.temperature,
+        )
+        if j is not None:
+            records.append((canvas.clone(), known.clone(), out))
+        index = revealed[..., None].expand(-1, -1, C)
+        canvas.scatter_(1, index, out.x0[0].reshape(B, N, C).float().gather(1, index))
+        known.scatter_(1, revealed, True)
+        start += n
+    return backbone.decode(canvas), records
+
+
+def nova_reference_grpo_step(policy, reference, optimizer, prompts: list[str], config: RolloutConfig, sampler, plan,
+                             reward, group_size: int, kl_beta: float, generator: torch.Generator) -> None:
+    """One GRPO step the reference code's way: the eager rollout, rewards, then per recorded mask step
+    an unguided likelihood of every token's recorded transitions (all N tokens, one head call per
+    trajectory and diffusion step) under the policy and the reference, REINFORCE + k3 KL over the
+    positions unknown before the step, backward and an optimizer update."""
+    images, records = nova_reference_rollout(policy, prompts, config, sampler, plan, generator)
+    advantages = group_advantages(reward(images, prompts).total.float().to(images.device), group_size)
+    B, N = len(prompts), policy.num_tokens
+    for canvas, known, record in records:
+        optimizer.zero_grad(set_to_none=True)
+        z = policy.forward_z(policy.encode_prompts(prompts), canvas, known).reshape(B * N, -1)
+        logp = eager_denoise_logprob(policy.head, z, sampler, record)  # [R, K+1, B*N]
+        with torch.no_grad():
+            z_ref = reference.forward_z(reference.encode_prompts(prompts), canvas, known).reshape(B * N, -1)
+            ref_logp = eager_denoise_logprob(reference.head, z_ref, sampler, record)
+        weight = (~known).reshape(1, 1, B * N).float()
+        per_image = (logp * weight).reshape(*logp.shape[:2], B, N).sum((0, 1, 3)) / weight.sum().clamp(min=1)
+        diff = ref_logp - logp
+        kl = ((diff.exp() - diff - 1) * weight).sum() / (weight.sum() * logp.shape[0] * logp.shape[1]).clamp(min=1)
+        loss = -(advantages * per_image).mean() + kl_beta * kl
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([p for p in policy.parameters() if p.grad is not None], 1.0)
+        optimizer.step()
+
+
+def _nova_trainer(backbone, settings: NovaBenchSettings, device: torch.device, workdir: Path):
+    """The shared trainer driving `backbone` (the in-memory random-init model stands in for a
+    checkpoint directory), configured with the reference code's algorithm (the parity preset)."""
+    from margrpo.train import trainer as trainer_module
+    from margrpo.train.config import load_config
+
+    prompt_file = workdir / "prompts.txt"
+    prompt_file.write_text("\n".join(NOVA_PROMPTS) + "\n")
+    r = settings.rollout_config()
+    overrides = [
+        "backbone.name=nova", f"backbone.diffusion_steps={settings.diffusion_steps}", f"run.device={device}",
+        f"run.out_dir={workdir / 'run'}", f"run.train_prompts={prompt_file}", "run.tensorboard=false",
+        f"rollout.num_mask_steps={r.num_mask_steps}", "rollout.schedule=nova", f"rollout.cfg_scale={r.cfg_scale}",
+        f"rollout.num_seeds={r.num_seeds}", f"rollout.record_mask_steps={r.record_mask_steps}",
+        f"rollout.record_diffusion_steps={r.record_diffusion_steps}", "rollout.likelihood_positions=unknown",
+        f"grpo.group_size={settings.group_size}", f"grpo.prompts_per_step={settings.prompts}",
+        "grpo.objective=reinforce", "grpo.kl_type=parity_mean_k3", "grpo.likelihood_cfg=none",
+        "grpo.minibatch_over=mask_steps", f"grpo.minibatches={r.record_mask_steps}", "grpo.mte=true",
+        "grpo.mte_pixels_per_token=4", "grpo.consistency=true", "grpo.kl_beta=0.01",
+        "rewards={jpeg_incompressibility: 1.0}", f"optim.bf16={str(device.type == 'cuda').lower()}", "optim.lr=1e-6",
+    ]
+    with mock.patch.object(trainer_module, "build_backbone", lambda config, device: backbone):
+        return trainer_module.Trainer(load_config(None, overrides), create_run_dir=False)
+
+
+def bench_nova(device: torch.device | str, settings: NovaBenchSettings | None = None, seed: int = 0) -> dict:
+    """Rollout images/s and GRPO step time, fused vs reference-style, with peak memory -> {machine, settings, rows, speedup}."""
+    from margrpo.models import nova
+
+    settings = settings or NovaBenchSettings()
+    device = torch.device(device)
+    backbone = nova.build(settings.preset, device=device, dtype=settings.dtype, seed=seed)
+    sampler = backbone.make_sampler(settings.diffusion_steps)
+    prompts = [NOVA_PROMPTS[i % len(NOVA_PROMPTS)] for i in range(settings.prompts) for _ in range(settings.group_size)]
+    seeds = list(range(settings.batch))
+    counts = mask_schedule(backbone.num_tokens, settings.mask_steps, "nova")
+    config, short = settings.rollout_config(), settings.rollout_config(settings.warmup_mask_steps)
+    rows: list[dict] = []
+
+    def plan_for(cfg: RolloutConfig):
+        steps = mask_schedule(backbone.num_tokens, cfg.num_mask_steps, "nova")
+        return choose_plan(steps, sampler, cfg.record_mask_steps, cfg.record_diffusion_steps, torch.Generator().manual_seed(seed))
+
+    def add(what: str, path: str, fn, warmup) -> None:
+        warmup()
+        ms, peak = _timed(fn, device)
+        rows.append({"what": what, "path": path, "images": settings.batch, "ms": ms,
+                     "images_per_s": settings.batch / (ms / 1e3), "peak_gib": peak})
+        print(f"[bench_nova] {what:<9} {path:<9} {ms:10.1f} ms  peak {peak:.2f} GiB", flush=True)
+
+    generator = torch.Generator(device=device).manual_seed(seed)
+    plan, short_plan = plan_for(config), plan_for(short)
+    add("rollout", "fused", lambda: generate(backbone, prompts, config, seeds, sampler=sampler, plan=plan),
+        lambda: generate(backbone, prompts, short, seeds, sampler=sampler, plan=short_plan))
+    add("rollout", "reference", lambda: nova_reference_rollout(backbone, prompts, config, sampler, plan, generator),
+        lambda: nova_reference_rollout(backbone, prompts, short, sampler, short_plan, generator))
+
+    with tempfile.TemporaryDirectory() as workdir:
+        trainer = _nova_trainer(backbone, settings, device, Path(workdir))
+        full_config = trainer.config
+
+        def warm_trainer() -> None:  # the same step on a short schedule
+            trainer.config = dataclasses.replace(full_config, rollout=dataclasses.replace(
+                full_config.rollout, num_mask_steps=short.num_mask_steps, record_mask_steps=short.record_mask_steps))
+            trainer.train_step()
+            trainer.config = full_config
+
+        add("grpo_step", "fused", trainer.train_step, warm_trainer)
+        optimizer = torch.optim.AdamW(trainer.policy.trainable_parameters(), lr=1e-6)
+
+        def reference_step(cfg: RolloutConfig, step_plan) -> None:
+            nova_reference_grpo_step(trainer.policy, trainer.reference, optimizer, prompts, cfg, sampler, step_plan,
+                                     trainer.reward, settings.group_size, 0.01, generator)
+
+        add("grpo_step", "reference", lambda: reference_step(config, plan), lambda: reference_step(short, short_plan))
+
+    def speedup(what: str) -> float:
+        times = {r["path"]: r["ms"] for r in rows if r["what"] == what}
+        return times["reference"] / times["fused"]
+
+    return {
+        "machine": machine_description(device),
+        "settings": {**dataclasses.asdict(settings), "tokens": backbone.num_tokens, "effective_mask_steps": len(effective_steps(counts)),
+                     "arch": list(backbone.config.arch)},
+        "rows": rows,
+        "speedup": {"rollout": speedup("rollout"), "grpo_step": speedup("grpo_step")},
+    }
