@@ -129,7 +129,7 @@ class TinyTestBackbone(nn.Module):
     with one global mixing term (so z depends on the other tokens and on the prompt), and the real
     SimpleMLPAdaLN head with its zero-init layers re-initialised so it is not an identity."""
 
-    def __init__(self, num_tokens: int = 12, channels: int = 4, width: int = 24, z_channels: int = 16, learn_sigma: bool = True):
+    def __init__(self, num_tokens: int = 12, channels: int = 4, width: int = 24, z_channels: int = 16):
         super().__init__()
         from margrpo.heads import SimpleMLPAdaLN, reinit_zero_layers_
 
@@ -141,7 +141,7 @@ class TinyTestBackbone(nn.Module):
         self.pos_embed = nn.Parameter(torch.randn(num_tokens, width) * 0.5)
         self.mix = nn.Linear(width, width)
         self.out = nn.Sequential(nn.Linear(2 * width, width), nn.SiLU(), nn.Linear(width, z_channels))
-        self.head = SimpleMLPAdaLN(channels, 32, 2 * channels if learn_sigma else channels, z_channels, 2)
+        self.head = SimpleMLPAdaLN(channels, 32, 2 * channels, z_channels, 2)  # learned variance: 2C outputs
         with torch.no_grad():
             reinit_zero_layers_(self.head, std=0.2)
         self.head.requires_grad_(False)
@@ -409,7 +409,9 @@ def test_l_layout_helpers(backbone, sampler):
         rollout.expand_to_l(torch.zeros(B, N + 1))
 
 
-@pytest.mark.parametrize("overrides", [dict(), dict(likelihood_positions="unknown", num_seeds=3, cfg_scale=2.0), dict(record_mask_steps=0)])
+@pytest.mark.parametrize("overrides", [
+    dict(), dict(likelihood_positions="unknown", num_seeds=3, cfg_scale=2.0), dict(record_mask_steps=0),
+])
 def test_memory_formula_matches_bytes(backbone, backbone64, sampler, overrides):
     from margrpo.rollout import Rollout
 
@@ -518,9 +520,9 @@ def test_bad_input_names_the_argument(backbone, sampler):
         (dict(config=_config(record_mask_steps=9)), "record_mask_steps"),
     ]
     for change, name in cases:
-        kwargs = dict(prompts=PROMPTS, config=config, seeds=[1, 2, 3], plan=None) | change
+        args = dict(prompts=PROMPTS, config=config, seeds=[1, 2, 3], plan=None) | change
         with pytest.raises(ValueError, match=name):
-            generate(backbone, kwargs["prompts"], kwargs["config"], kwargs["seeds"], sampler=sampler, plan=kwargs["plan"])
+            generate(backbone, args["prompts"], args["config"], args["seeds"], sampler=sampler, plan=args["plan"])
     with pytest.raises(TypeError, match="config"):
         generate(backbone, PROMPTS, {"cfg_scale": 2.0}, [1, 2, 3], sampler=sampler)
     with pytest.raises(ValueError, match="cfg_scale"):

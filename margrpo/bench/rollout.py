@@ -40,7 +40,7 @@ from margrpo.heads import reinit_zero_layers_
 from margrpo.heads.reference import eager_multi_seed_denoise
 from margrpo.models.base import PromptBatch
 from margrpo.rollout import RolloutConfig, effective_steps, generate, group_seeds, mask_schedule
-from margrpo.rollout.guidance import guidance_for, head_condition, prompt_rows
+from margrpo.rollout.guidance import forward_rows, guidance_for, head_condition, prompt_rows
 
 MODELS = ("tiny", "nova", "harmon")
 PATHS = ("fused", "per-seed", "reference")
@@ -139,7 +139,7 @@ def per_seed_rollout(backbone, prompts: list[str], config: RolloutConfig, sample
         n = counts[step]
         revealed = order[:, start : start + n]
         positions = every if all_tokens else revealed
-        z = backbone.forward_z(rows.batch, canvas.repeat(rows.rows_per_image, 1, 1), known.repeat(rows.rows_per_image, 1))
+        z = forward_rows(backbone, rows, canvas, known)
         noise = torch.randn(sampler.num_steps + 1, K + 1, positions.numel(), C, generator=generator, device=device)
         out = eager_multi_seed_denoise(
             backbone.head, head_condition(z, rows, positions), sampler, K, noise,
@@ -196,7 +196,8 @@ def run(models: tuple[str, ...], paths: tuple[str, ...], device: torch.device, d
 
 
 def format_table(rows: list[Row]) -> str:
-    lines = [f"{'model':<7} {'path':<10} {'B':>3} {'N':>5} {'S':>3} {'T':>3} {'K':>2} {'cfg':>4} {'ms':>10} {'img/s':>9} {'x ref':>7}"]
+    lines = [f"{'model':<7} {'path':<10} {'B':>3} {'N':>5} {'S':>3} {'T':>3} {'K':>2} {'cfg':>4} {'ms':>10} "
+             f"{'img/s':>9} {'x ref':>7}"]
     for r in rows:
         speed = f"{r.speedup_vs_reference:.2f}" if r.speedup_vs_reference is not None else "-"
         lines.append(f"{r.model:<7} {r.path:<10} {r.batch:>3} {r.tokens:>5} {r.mask_steps:>3} {r.diffusion_steps:>3} "
@@ -218,11 +219,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", help="comma list of tiny, nova, harmon (default: all on CUDA, tiny on CPU)")
     parser.add_argument("--paths", default=",".join(PATHS))
     parser.add_argument("--batch", type=int, help="images per rollout (default: 4 on CUDA, 2 on CPU)")
-    parser.add_argument("--tokens", type=int, help="tokens per image for nova/harmon (default: 1024 on CUDA, 64 on CPU)")
+    parser.add_argument("--tokens", type=int, help="tokens per image, nova/harmon (default: 1024 on CUDA, 64 on CPU)")
     parser.add_argument("--mask-steps", type=int, help="S (default: 64 on CUDA, 8 on CPU)")
     parser.add_argument("--diffusion-steps", type=int, help="T (default: 25 on CUDA, 4 on CPU)")
     parser.add_argument("--repeats", type=int, help="timed rollouts after one warm-up (default: 3 on CUDA, 1 on CPU)")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="head dtype (default: bf16 on CUDA, fp32 on CPU)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="head dtype (default: bf16 on CUDA)")
     parser.add_argument("--json", help="write the rows and the machine description to this file")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
@@ -243,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(rows))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"machine": machine_description(device), "dtype": str(dtype), "rows": [asdict(r) for r in rows]}, f, indent=1)
+            report = {"machine": machine_description(device), "dtype": str(dtype), "rows": [asdict(r) for r in rows]}
+            json.dump(report, f, indent=1)
     return 0
 
 

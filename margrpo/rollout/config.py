@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Literal
 
 from .schedule import SCHEDULES
 
@@ -33,11 +33,11 @@ class RolloutConfig:
 
     num_mask_steps: int = 64
     schedule: Literal["nova", "harmon"] = "nova"
-    num_diffusion_steps: Optional[int] = None
+    num_diffusion_steps: int | None = None
     cfg_scale: float = 1.0
     cfg_schedule: Literal["constant", "linear"] = "constant"
     cfg_channels: Literal["all", "eps"] = "all"
-    negative_prompt: Optional[str] = None
+    negative_prompt: str | None = None
     temperature: float = 1.0
     num_seeds: int = 0
     record_mask_steps: int = 12
@@ -51,15 +51,17 @@ class RolloutConfig:
 
         need(isinstance(self.num_mask_steps, int) and self.num_mask_steps >= 1, "num_mask_steps", "an integer >= 1")
         need(self.schedule in SCHEDULES, "schedule", f"one of {', '.join(SCHEDULES)}")
-        need(self.num_diffusion_steps is None or (isinstance(self.num_diffusion_steps, int) and self.num_diffusion_steps >= 1),
-             "num_diffusion_steps", "None or an integer >= 1")
+        steps = self.num_diffusion_steps
+        need(steps is None or (isinstance(steps, int) and steps >= 1), "num_diffusion_steps", "None or an integer >= 1")
         need(isinstance(self.cfg_scale, (int, float)) and self.cfg_scale >= 0, "cfg_scale", "a number >= 0")
         need(self.cfg_schedule in ("constant", "linear"), "cfg_schedule", "'constant' or 'linear'")
         need(self.cfg_channels in ("all", "eps"), "cfg_channels", "'all' or 'eps'")
-        need(self.negative_prompt is None or isinstance(self.negative_prompt, str), "negative_prompt", "a string or None")
+        need(self.negative_prompt is None or isinstance(self.negative_prompt, str), "negative_prompt",
+             "a string or None")
         need(isinstance(self.temperature, (int, float)) and self.temperature > 0, "temperature", "a number > 0")
         need(isinstance(self.num_seeds, int) and self.num_seeds >= 0, "num_seeds", "an integer >= 0")
-        need(isinstance(self.record_mask_steps, int) and self.record_mask_steps >= 0, "record_mask_steps", "an integer >= 0")
+        need(isinstance(self.record_mask_steps, int) and self.record_mask_steps >= 0, "record_mask_steps",
+             "an integer >= 0")
         need(isinstance(self.record_diffusion_steps, int) and self.record_diffusion_steps >= 1,
              "record_diffusion_steps", "an integer >= 1")
         need(self.likelihood_positions in ("revealed", "unknown"), "likelihood_positions", "'revealed' or 'unknown'")

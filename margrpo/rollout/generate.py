@@ -7,10 +7,10 @@ transitions of the planned diffusion steps only at the planned mask steps.
 
 Randomness is per sample (margrpo.rollout.seeding): image b draws its order, then a noise bank
 [N, T_diff + 1, K + 1, C] (per position: the initial x_T and one standard normal per diffusion step,
-for every trajectory and channel) from its own generator before the loop. A token's chains read the bank at the token's position, so a
-sample never depends on what else shares the batch, and a position re-denoised at a later mask step
-("unknown" mode) sees the same noise (common random numbers for the consistency test). The bank is
-transient: B N (T_diff + 1) (K + 1) C floats (NOVA-like B=16, N=1024, T=25, K=3, C=16: 109 MB).
+for every trajectory and channel) from its own generator before the loop. A token's chains read
+the bank at the token's position, so a sample never depends on what else shares the batch, and a
+position re-denoised at a later mask step ("unknown" mode) sees the same noise (common random
+numbers for the consistency test). The bank is transient: B N (T_diff + 1) (K + 1) C floats (NOVA-like B=16, N=1024, T=25, K=3, C=16: 109 MB).
 """
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ import torch
 from margrpo.heads import multi_seed_denoise
 
 from .config import RolloutConfig
-from .guidance import guidance_for, head_condition, prompt_rows
+from .guidance import forward_rows, guidance_for, head_condition, prompt_rows
 from .plan import RecordPlan, choose_plan, stochastic_steps
-from .record import Rollout, head_to_l_layout
+from .record import RECORDED, Rollout, head_to_l_layout
 from .schedule import effective_steps, mask_schedule
 from .seeding import make_generators, plan_seed
 
@@ -143,7 +143,7 @@ def generate(
         all_unknown = unknown_mode and (j is not None or step in needs_prev)
         positions = order[:, start:] if all_unknown else order[:, start : start + n]  # committed ones first
         P = positions.shape[1]
-        z = backbone.forward_z(cond.batch, canvas.repeat(cond.rows_per_image, 1, 1), known.repeat(cond.rows_per_image, 1))
+        z = forward_rows(backbone, cond, canvas, known)
         noise = _gather_rows(noise_bank, positions).reshape(B * P, diff_steps + 1, K + 1, C).permute(1, 2, 0, 3)
         scale = config.cfg_scale_at(start + n, N)
         out = multi_seed_denoise(
@@ -161,7 +161,7 @@ def generate(
             prediction = canvas.clone().scatter_(1, positions[..., None].expand(-1, -1, C), x0[0])
         if j is not None:
             cfg_scales[j] = scale
-            records[j] = {name: head_to_l_layout(getattr(out, name).to(dtype), B, P) for name in ("x_t", "x_prev", "mean", "std", "logp")}
+            records[j] = {name: head_to_l_layout(getattr(out, name).to(dtype), B, P) for name in RECORDED}
             if unknown_mode:
                 predictions[j] = prediction
                 previous_predictions[j] = torch.zeros_like(canvas) if last_prediction is None else last_prediction

@@ -17,8 +17,8 @@ import torch
 
 from margrpo.heads import MultiSeedSamples, denoise_logprob
 
-from .guidance import guidance_for, head_condition, prompt_rows
-from .record import Rollout, head_to_l_layout, l_to_head_layout
+from .guidance import forward_rows, guidance_for, head_condition, prompt_rows
+from .record import RECORDED, Rollout, head_to_l_layout, l_to_head_layout
 
 LIKELIHOOD_CFG = ("rollout", "none")
 
@@ -68,14 +68,14 @@ def rollout_logprob(
         canvas, known = rollout.canvas_known(j)
         positions = rollout.positions(j)
         P = positions.shape[1]
-        z = backbone.forward_z(rows.batch, canvas.repeat(rows.rows_per_image, 1, 1), known.repeat(rows.rows_per_image, 1))
+        z = forward_rows(backbone, rows, canvas, known)
         z_rows = head_condition(z, rows, positions)
         part = rollout.l_slice(j)
         # denoise_logprob reads the recorded steps, x_t and x_prev; the rest rides along as recorded
         record = MultiSeedSamples(
             x0=rollout.tokens.new_zeros(0),
             steps=rollout.plan.diffusion_steps[j],
-            **{name: l_to_head_layout(getattr(rollout, name)[:, :, part], R, P) for name in ("x_t", "x_prev", "mean", "std", "logp")},
+            **{name: l_to_head_layout(getattr(rollout, name)[:, :, part], R, P) for name in RECORDED},
         )
         logp, mean = denoise_logprob(
             backbone.head, z_rows, rollout.sampler, record,

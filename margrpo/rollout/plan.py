@@ -60,8 +60,8 @@ def choose_plan(
         )
     picked = torch.randperm(len(candidates_mask), generator=generator)[:num_mask_steps]
     mask_steps = tuple(sorted(candidates_mask[i] for i in picked.tolist()))
-    diffusion_steps = tuple(
-        tuple(sorted(candidates_diff[i] for i in torch.randperm(len(candidates_diff), generator=generator)[:num_diffusion_steps].tolist()))
-        for _ in mask_steps
-    )
-    return RecordPlan(mask_steps, diffusion_steps)
+    diffusion_steps = []
+    for _ in mask_steps:
+        picked = torch.randperm(len(candidates_diff), generator=generator)[:num_diffusion_steps]
+        diffusion_steps.append(tuple(sorted(candidates_diff[i] for i in picked.tolist())))
+    return RecordPlan(mask_steps, tuple(diffusion_steps))

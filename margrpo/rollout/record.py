@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
 from .config import RolloutConfig
 from .plan import RecordPlan
+
+RECORDED = ("x_t", "x_prev", "mean", "std", "logp")  # the per-transition fields, in the head's names
 
 
 def head_to_l_layout(values: torch.Tensor, B: int, P: int) -> torch.Tensor:
@@ -89,8 +91,8 @@ class Rollout:
     mean: torch.Tensor
     std: torch.Tensor
     logp: torch.Tensor
-    pred_clean: Optional[torch.Tensor]
-    pred_clean_prev: Optional[torch.Tensor]
+    pred_clean: torch.Tensor | None
+    pred_clean_prev: torch.Tensor | None
     reveal_counts: tuple[int, ...]
     plan: RecordPlan
     cfg_scales: tuple[float, ...]
@@ -140,7 +142,7 @@ class Rollout:
         """(canvas [B, N, C], known bool [B, N]) the backbone saw before recorded mask step j."""
         known = torch.zeros(self.order.shape, dtype=torch.bool, device=self.order.device)
         known.scatter_(1, self.order[:, : self.step_start(j)], True)
-        canvas = torch.where(known[..., None], self.tokens, torch.zeros((), dtype=self.tokens.dtype, device=self.tokens.device))
+        canvas = torch.where(known[..., None], self.tokens, self.tokens.new_zeros(()))
         return canvas, known
 
     def l_positions(self) -> torch.Tensor:
@@ -152,7 +154,8 @@ class Rollout:
     def l_step(self) -> torch.Tensor:
         """int64 [L]: the recorded mask-step index j of every transition."""
         sizes = [self.l_slice(j).stop - self.l_slice(j).start for j in range(self.plan.num_mask_steps)]
-        return torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes, dtype=torch.long)).to(self.order.device)
+        steps = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes, dtype=torch.long))
+        return steps.to(self.order.device)
 
     def l_committed(self) -> torch.Tensor:
         """bool [L]: True where the transition's token was committed at its mask step (all True in
@@ -172,7 +175,9 @@ class Rollout:
         elif values.dim() >= 3 and values.shape[:3] == (B, M, N):
             per_step = list(values.unbind(1))
         else:
-            raise ValueError(f"values: got shape {tuple(values.shape)}, expected [B={B}, N={N}, ...] or [B, M={M}, N, ...]")
+            raise ValueError(
+                f"values: got shape {tuple(values.shape)}, expected [B={B}, N={N}, ...] or [B, M={M}, N, ...]"
+            )
         parts = []
         for j, per_position in enumerate(per_step):
             index = self.positions(j).reshape(B, -1, *([1] * (per_position.dim() - 2)))
@@ -184,11 +189,11 @@ class Rollout:
     def _tensor_fields(self) -> list[str]:
         return [f.name for f in dataclasses.fields(self) if isinstance(getattr(self, f.name), torch.Tensor)]
 
-    def to(self, device: torch.device | str) -> "Rollout":
+    def to(self, device: torch.device | str) -> Rollout:
         """A copy with every tensor on `device`."""
         return dataclasses.replace(self, **{name: getattr(self, name).to(device) for name in self._tensor_fields()})
 
-    def select(self, index) -> "Rollout":
+    def select(self, index) -> Rollout:
         """The images `index` (a slice, a list/tensor of indices or a bool mask over B): minibatching."""
         if isinstance(index, torch.Tensor) and index.dtype == torch.bool:
             if index.shape != (self.batch_size,):
@@ -202,7 +207,10 @@ class Rollout:
             if not 0 <= i < self.batch_size:
                 raise IndexError(f"index: got {i}, expected indices in [0, {self.batch_size})")
         rows_t = torch.tensor(rows, dtype=torch.long)
-        fields = {name: getattr(self, name).index_select(0, rows_t.to(getattr(self, name).device)) for name in self._tensor_fields()}
+        fields = {}
+        for name in self._tensor_fields():
+            tensor = getattr(self, name)
+            fields[name] = tensor.index_select(0, rows_t.to(tensor.device))
         return dataclasses.replace(self, prompts=[self.prompts[i] for i in rows], **fields)
 
     # ------------------------------------------------------------------ memory
