@@ -231,7 +231,7 @@ def reference_rollout(backbone, prompts, config, seeds, sampler):
     counts = mask_schedule(N, config.num_mask_steps, config.schedule)
     head = backbone.head
     results = []
-    for prompt, seed in zip(prompts, seeds):
+    for prompt, seed in zip(prompts, seeds, strict=True):
         generator = torch.Generator().manual_seed(seed)
         order = torch.randperm(N, generator=generator)
         bank = torch.randn(N, T_diff + 1, K + 1, C, generator=generator, dtype=torch.float64)
@@ -305,7 +305,7 @@ def test_rollout_matches_plain_reference_at_the_planned_steps(backbone64, sample
         for j, step in enumerate(rollout.plan.mask_steps):
             got = _recorded(rollout, b, j)
             for r, i in enumerate(rollout.plan.diffusion_steps[j]):
-                for value, expected in zip(got, ref["transitions"][(step, i)]):
+                for value, expected in zip(got, ref["transitions"][(step, i)], strict=True):
                     torch.testing.assert_close(value[r], expected, atol=1e-9, rtol=1e-9)
 
 

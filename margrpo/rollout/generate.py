@@ -10,7 +10,8 @@ Randomness is per sample (margrpo.rollout.seeding): image b draws its order, the
 for every trajectory and channel) from its own generator before the loop. A token's chains read
 the bank at the token's position, so a sample never depends on what else shares the batch, and a
 position re-denoised at a later mask step ("unknown" mode) sees the same noise (common random
-numbers for the consistency test). The bank is transient: B N (T_diff + 1) (K + 1) C floats (NOVA-like B=16, N=1024, T=25, K=3, C=16: 109 MB).
+numbers for the consistency test). The bank is transient: B N (T_diff + 1) (K + 1) C floats
+(NOVA-like B=16, N=1024, T=25, K=3, C=16: 109 MB).
 """
 from __future__ import annotations
 
