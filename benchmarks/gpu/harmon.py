@@ -1,0 +1,292 @@
+"""GPU benchmark piece for Harmon: the fused margrpo path against the reference code's way, end to end.
+
+Both paths run the same random-init Harmon (harmon-1.5b-random, bf16) with the same schedule (64 mask
+steps, "harmon"), CFG 3 on the eps channels, K = 5 seed trajectories, T diffusion steps and 12 x 10
+recorded transitions; they differ in how the work is organised:
+
+  fused      margrpo.rollout.generate (at each step only the revealed tokens, all 1 + K trajectories in
+             one batched head pass sharing the modulation; only the planned transitions recorded), then
+             one GRPO update: rollout_logprob of the policy (with grad) and of the frozen reference (no
+             grad) over the 12 recorded steps, the clipped loss + Gaussian KL, one backward, one AdamW step
+  reference  as AMAP-ML/mar-grpo does it: at each kept mask step the head denoises ALL tokens (one chain,
+             the official per-call head forward), the K seed chains run after the rollout over all tokens
+             under their commit-time z, one Python loop per seed; then, per kept mask step, a policy and a
+             reference forward, per-seed log-prob loops over all tokens, a backward and an AdamW step
+
+Reported: milliseconds per rollout and per GRPO step (rollout + update, rewards excluded), the speedup
+of fused over reference, peak CUDA memory, and the S backbone passes of a rollout alone: they are
+the same in both rollouts, so "head" (rollout minus backbone) isolates the work the paths organise
+differently. Timing: CUDA events, median of `repeats` runs after a warm-up run.
+
+    python benchmarks/gpu/harmon.py --tiny             # CPU, tiny dims, seconds
+    python benchmarks/gpu/harmon.py --out results/     # the real-size run (H200: about a minute)
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from margrpo.bench.denoise import machine_description, time_ms
+from margrpo.grpo.objective import chunk_loss, token_weights
+from margrpo.heads import MultiSeedSamples
+from margrpo.heads.reference import eager_denoise_logprob, eager_multi_seed_denoise
+from margrpo.models import harmon
+from margrpo.rollout import RolloutConfig, choose_plan, effective_steps, generate, mask_schedule, rollout_logprob
+from margrpo.rollout.guidance import guidance_for, head_condition, prompt_rows
+
+PROMPTS = ("a photo of a cat sitting on a red sofa", "a blue car parked next to a tall tree",
+           "two dogs playing in the snow", "a bowl of fruit on a wooden table")
+
+
+@dataclasses.dataclass
+class Setting:
+    """One benchmark size."""
+
+    preset: str
+    dtype: torch.dtype
+    batch: int  # images (one GRPO group)
+    mask_steps: int
+    diffusion_steps: int
+    num_seeds: int
+    record_mask_steps: int
+    record_diffusion_steps: int
+    repeats: int
+
+
+FULL = Setting("harmon-1.5b-random", torch.bfloat16, batch=4, mask_steps=64, diffusion_steps=25, num_seeds=5,
+               record_mask_steps=12, record_diffusion_steps=10, repeats=1)
+TINY = Setting("harmon-tiny", torch.float32, batch=2, mask_steps=4, diffusion_steps=4, num_seeds=2,
+               record_mask_steps=2, record_diffusion_steps=2, repeats=1)
+
+
+# ---------------------------------------------------------------------- the reference code's way
+@torch.no_grad()
+def reference_rollout(model, prompts: list[str], config: RolloutConfig, sampler, plan, generator: torch.Generator):
+    """The reference rollout. -> (images, kept: {recorded j: (canvas, known, MultiSeedSamples of all N
+    tokens, trajectory 0)}, seeds: MultiSeedSamples [all T steps, K, B*N] under commit-time z)."""
+    B, N, C, K = len(prompts), model.num_tokens, model.token_channels, config.num_seeds
+    device = model.mar.fake_latent.device
+    rows = prompt_rows(model, prompts, config)
+    counts = mask_schedule(N, config.num_mask_steps, config.schedule)
+    recorded = {step: j for j, step in enumerate(plan.mask_steps)}
+    order = torch.stack([torch.randperm(N, generator=generator, device=device) for _ in range(B)])
+    canvas = torch.zeros(B, N, C, device=device)
+    known = torch.zeros(B, N, dtype=torch.bool, device=device)
+    every = torch.arange(N, device=device).expand(B, N)
+    commit_z = None
+    kept = {}
+    start = 0
+    for step in effective_steps(counts):
+        n, j = counts[step], recorded.get(step)
+        revealed = order[:, start : start + n]
+        z = model.forward_z(rows.batch, canvas.repeat(rows.rows_per_image, 1, 1), known.repeat(rows.rows_per_image, 1))
+        if commit_z is None:
+            commit_z = torch.zeros_like(z)
+        index = revealed.repeat(rows.rows_per_image, 1)[..., None].expand(-1, -1, z.shape[-1])
+        commit_z.scatter_(1, index, z.gather(1, index))
+        positions = every if j is not None else revealed
+        noise = torch.randn(sampler.num_steps + 1, 1, positions.numel(), C, generator=generator, device=device)
+        cfg = guidance_for(config, config.cfg_scale_at(start + n, N))
+        out = eager_multi_seed_denoise(model.head, head_condition(z, rows, positions), sampler, 0, noise, cfg=cfg,
+                                       record_steps=plan.diffusion_steps[j] if j is not None else ())
+        values = out.x0[0].reshape(B, -1, C).to(canvas.dtype)
+        if j is not None:
+            kept[j] = (canvas.clone(), known.clone(), out)
+            values = values.gather(1, revealed[..., None].expand(-1, -1, C))
+        canvas.scatter_(1, revealed[..., None].expand(-1, -1, C), values)
+        known.scatter_(1, revealed, True)
+        start += n
+    # the K seed chains after the rollout: all tokens under their commit-time z, one loop per seed
+    cfg = guidance_for(config, config.cfg_scale)
+    all_rows = head_condition(commit_z, rows, every)
+    chains = []
+    for _ in range(K):
+        noise = torch.randn(sampler.num_steps + 1, 1, B * N, C, generator=generator, device=device)
+        chains.append(eager_multi_seed_denoise(model.head, all_rows, sampler, 0, noise, cfg=cfg,
+                                               record_steps=range(sampler.num_steps)))
+    seeds = MultiSeedSamples(torch.cat([c.x0 for c in chains]), chains[0].steps,
+                             *(torch.cat([getattr(c, f) for c in chains], 1) for f in ("x_t", "x_prev", "mean", "std", "logp")))
+    return model.decode(canvas), kept, seeds
+
+
+def _subset(record: MultiSeedSamples, steps: tuple[int, ...]) -> MultiSeedSamples:
+    rows = [record.steps.index(i) for i in steps]
+    picked = {f: getattr(record, f)[rows] for f in ("x_t", "x_prev", "mean", "std", "logp")}
+    return MultiSeedSamples(record.x0, tuple(steps), **picked)
+
+
+def reference_update(model, reference, optimizer, prompts: list[str], config: RolloutConfig, sampler, plan, kept,
+                     seeds, advantages: torch.Tensor, kl_beta: float = 0.01) -> None:
+    """The reference update: per kept mask step, the unguided policy and reference z of all tokens,
+    per-seed log-prob loops, REINFORCE + k3 KL on log-probs, backward and an optimizer step."""
+    rows = prompt_rows(model, prompts, config, guided=False)
+    ref_rows = prompt_rows(reference, prompts, config, guided=False)
+    B, N = len(prompts), model.num_tokens
+    adv = advantages.repeat_interleave(N)
+    for j in sorted(kept):
+        canvas, known, main = kept[j]
+        optimizer.zero_grad(set_to_none=True)
+        z = model.forward_z(rows.batch, canvas, known).reshape(B * N, -1)
+        with torch.no_grad():
+            z_ref = reference.forward_z(ref_rows.batch, canvas, known).reshape(B * N, -1)
+        records = [main, *(_subset(dataclasses.replace(seeds, x_t=seeds.x_t[:, k:k + 1], x_prev=seeds.x_prev[:, k:k + 1]),
+                                   plan.diffusion_steps[j]) for k in range(seeds.x_t.shape[1]))]
+        loss = 0.0
+        for record in records:  # one Python loop per trajectory, as the reference scores its seeds
+            logp = eager_denoise_logprob(model.head, z, sampler, record)[:, 0]  # [R, B*N]
+            with torch.no_grad():
+                ref_logp = eager_denoise_logprob(reference.head, z_ref, sampler, record)[:, 0]
+            delta = ref_logp - logp
+            kl = torch.exp(delta) - delta - 1
+            loss = loss + (-(torch.exp(logp - logp.detach()) * adv) + kl_beta * kl).mean() / len(records)
+        loss.backward()
+        optimizer.step()
+
+
+# ---------------------------------------------------------------------- the fused path
+def fused_update(model, reference, optimizer, rollout, advantages: torch.Tensor, kl_beta: float = 0.01) -> None:
+    """One GRPO update the way margrpo.train does it (guided likelihood, clipped ratio, Gaussian KL)."""
+    optimizer.zero_grad(set_to_none=True)
+    lik = rollout_logprob(model, rollout)
+    with torch.no_grad():
+        ref = rollout_logprob(reference, rollout)
+    keep = torch.ones(rollout.batch_size, rollout.logp.shape[2], dtype=torch.bool, device=rollout.logp.device)
+    weights = token_weights(keep)
+    out = chunk_loss(lik.logp.float(), rollout.logp.transpose(0, 1), advantages, weights, mte_mask=None, clip_eps=0.2,
+                     clip_eps_high=None, kl_beta=kl_beta, kl_type="gaussian", kl_weights=weights, mean=lik.mean,
+                     ref_mean=ref.mean, std=rollout.std.transpose(0, 1))
+    out.loss.backward()
+    optimizer.step()
+
+
+# ---------------------------------------------------------------------- driver
+@torch.no_grad()
+def backbone_only(model, prompts: list[str], config: RolloutConfig) -> None:
+    """The S forward_z calls of a guided rollout alone (the same in both paths), on a random canvas."""
+    B, N, C = len(prompts), model.num_tokens, model.token_channels
+    device = model.mar.fake_latent.device
+    rows = prompt_rows(model, prompts, config)
+    canvas = torch.randn(rows.rows_per_image * B, N, C, device=device)
+    known = torch.zeros(rows.rows_per_image * B, N, dtype=torch.bool, device=device)
+    start = 0
+    for n in mask_schedule(N, config.num_mask_steps, config.schedule):
+        model.forward_z(rows.batch, canvas, known)
+        known[:, start : start + n] = True
+        start += n
+
+
+def _timed(fn, device: torch.device, repeats: int) -> tuple[float, float | None]:
+    """(median ms, peak CUDA MB over the runs or None on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    ms = time_ms(fn, device, repeats)
+    peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+    return ms, peak
+
+
+def run(out_dir: str | Path, tiny: bool = False, device: str | torch.device | None = None) -> dict:
+    """Time both paths; write `out_dir`/harmon.json and return the same dict."""
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    setting = TINY if tiny else FULL
+    began = time.perf_counter()
+    model = harmon.build(setting.preset, device=device, dtype=setting.dtype)
+    reference = copy.deepcopy(model).requires_grad_(False)
+    model.requires_grad_(False)
+    trainable = model.trainable_parameters()
+    for p in trainable:
+        p.requires_grad_(True)
+    optimizer = torch.optim.AdamW(trainable, lr=1e-6)
+    sampler = model.make_sampler(setting.diffusion_steps)
+    config = RolloutConfig(num_mask_steps=setting.mask_steps, schedule="harmon", cfg_scale=3.0, cfg_channels="eps",
+                           num_seeds=setting.num_seeds, record_mask_steps=setting.record_mask_steps,
+                           record_diffusion_steps=setting.record_diffusion_steps)
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(setting.batch)]
+    seeds = list(range(setting.batch))
+    counts = mask_schedule(model.num_tokens, setting.mask_steps, "harmon")
+    plan = choose_plan(counts, sampler, setting.record_mask_steps, setting.record_diffusion_steps,
+                       torch.Generator().manual_seed(0))
+    advantages = torch.linspace(-1, 1, setting.batch, device=device)
+    generator = torch.Generator(device=device).manual_seed(0)
+
+    def fused_rollout():
+        model.eval()
+        return generate(model, prompts, config, seeds, sampler=sampler, plan=plan)
+
+    def fused_step():
+        rollout = fused_rollout()
+        model.train()
+        fused_update(model, reference, optimizer, rollout, advantages)
+
+    def ref_rollout():
+        model.eval()
+        return reference_rollout(model, prompts, config, sampler, plan, generator)
+
+    def ref_step():
+        _, kept, chains = ref_rollout()
+        model.train()
+        reference_update(model, reference, optimizer, prompts, config, sampler, plan, kept, chains, advantages)
+
+    model.eval()
+    backbone_ms, _ = _timed(lambda: backbone_only(model, prompts, config), device, setting.repeats)
+    fused_rollout_ms, fused_rollout_mb = _timed(fused_rollout, device, setting.repeats)
+    ref_rollout_ms, ref_rollout_mb = _timed(ref_rollout, device, setting.repeats)
+    fused_step_ms, fused_step_mb = _timed(fused_step, device, setting.repeats)
+    ref_step_ms, ref_step_mb = _timed(ref_step, device, setting.repeats)
+    result = {
+        "benchmark": "harmon", "setting": {k: str(v) if isinstance(v, torch.dtype) else v
+                                           for k, v in dataclasses.asdict(setting).items()},
+        "machine": machine_description(device),
+        "backbone_ms": backbone_ms,
+        "fused_rollout_ms": fused_rollout_ms, "reference_rollout_ms": ref_rollout_ms,
+        "fused_step_ms": fused_step_ms, "reference_step_ms": ref_step_ms,
+        "rollout_speedup": ref_rollout_ms / fused_rollout_ms,
+        # the head's share of a rollout: what the two rollouts do differently
+        "head_speedup": (ref_rollout_ms - backbone_ms) / max(fused_rollout_ms - backbone_ms, 1e-9),
+        "step_speedup": ref_step_ms / fused_step_ms,
+        "fused_rollout_peak_mb": fused_rollout_mb, "reference_rollout_peak_mb": ref_rollout_mb,
+        "fused_step_peak_mb": fused_step_mb, "reference_step_peak_mb": ref_step_mb,
+        "wall_s": time.perf_counter() - began,
+    }
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "harmon.json").write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def format_table(result: dict) -> str:
+    """A short text table of a run() result."""
+    lines = [f"Harmon ({result['setting']['preset']}, {result['machine']['device']})",
+             f"{'':<10} {'fused ms':>10} {'ref ms':>10} {'speedup':>8}"]
+    for part in ("rollout", "step"):
+        lines.append(f"{part:<10} {result[f'fused_{part}_ms']:>10.1f} {result[f'reference_{part}_ms']:>10.1f} "
+                     f"{result[f'{part}_speedup']:>7.2f}x")
+    lines.append(f"{'head':<10} {result['fused_rollout_ms'] - result['backbone_ms']:>10.1f} "
+                 f"{result['reference_rollout_ms'] - result['backbone_ms']:>10.1f} {result['head_speedup']:>7.2f}x"
+                 f"   (rollout minus the {result['backbone_ms']:.1f} ms of its S backbone passes)")
+    if result["fused_step_peak_mb"] is not None:
+        lines.append(f"step peak MB {result['fused_step_peak_mb']:>8.0f} {result['reference_step_peak_mb']:>10.0f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiny", action="store_true", help="tiny dims on the CPU (a smoke run)")
+    parser.add_argument("--out", default="benchmarks/results", help="directory for harmon.json")
+    parser.add_argument("--device", default=None)
+    args = parser.parse_args(argv)
+    if args.tiny:
+        torch.set_num_threads(1)  # tiny ops: more threads only spin on a shared CPU
+    print(format_table(run(args.out, tiny=args.tiny, device=args.device)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
