@@ -1,0 +1,43 @@
+"""Print the GPU run as markdown: step status, then one table per benchmark JSON ({machine, rows})."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def _cell(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, list):
+        return "x".join(str(v) for v in value)
+    return str(value)
+
+
+def table(rows: list[dict]) -> str:
+    keys = [k for k in rows[0] if not isinstance(rows[0][k], dict)]
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join(_cell(r.get(k, "")) for k in keys) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def summarize(out: Path) -> str:
+    parts = [f"# GPU run: {out}"]
+    status = out / "status.txt"
+    if status.exists():
+        parts.append("## steps\n```\n" + status.read_text().strip() + "\n```")
+    for path in sorted(out.glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            parts.append(f"## {path.name}: unreadable ({err})")
+            continue
+        rows = data.get("rows") if isinstance(data, dict) else None
+        if rows:
+            machine = data.get("machine", "")
+            parts.append(f"## {path.stem}\n{_cell(machine) if not isinstance(machine, dict) else json.dumps(machine)}\n\n{table(rows)}")
+    return "\n\n".join(parts)
+
+
+if __name__ == "__main__":
+    print(summarize(Path(sys.argv[1])))
