@@ -129,7 +129,8 @@ class TinyTestBackbone(nn.Module):
     with one global mixing term (so z depends on the other tokens and on the prompt), and the real
     SimpleMLPAdaLN head with its zero-init layers re-initialised so it is not an identity."""
 
-    def __init__(self, num_tokens: int = 12, channels: int = 4, width: int = 24, z_channels: int = 16):
+    def __init__(self, num_tokens: int = 12, channels: int = 4, width: int = 24, z_channels: int = 16,
+                 learn_sigma: bool = True):
         super().__init__()
         from margrpo.heads import SimpleMLPAdaLN, reinit_zero_layers_
 
@@ -141,7 +142,8 @@ class TinyTestBackbone(nn.Module):
         self.pos_embed = nn.Parameter(torch.randn(num_tokens, width) * 0.5)
         self.mix = nn.Linear(width, width)
         self.out = nn.Sequential(nn.Linear(2 * width, width), nn.SiLU(), nn.Linear(width, z_channels))
-        self.head = SimpleMLPAdaLN(channels, 32, 2 * channels, z_channels, 2)  # learned variance: 2C outputs
+        # learned variance (Harmon-like): 2C outputs; otherwise C (flow matching, fixed variance)
+        self.head = SimpleMLPAdaLN(channels, 32, 2 * channels if learn_sigma else channels, z_channels, 2)
         with torch.no_grad():
             reinit_zero_layers_(self.head, std=0.2)
         self.head.requires_grad_(False)
@@ -298,6 +300,8 @@ def test_rollout_matches_plain_reference_at_the_planned_steps(backbone64, sample
     for j, step in enumerate(rollout.plan.mask_steps):
         assert step in effective
         assert all(not sampler.is_deterministic(i) for i in rollout.plan.diffusion_steps[j])
+    assert not rollout.logp.requires_grad and not rollout.tokens.requires_grad
+    assert torch.equal(rollout.order.sort(1).values, torch.arange(N).expand(B, N))  # permutations
     for b, ref in enumerate(reference):
         assert torch.equal(rollout.order[b], ref["order"])
         torch.testing.assert_close(rollout.tokens[b], ref["tokens"], atol=1e-10, rtol=1e-10)
@@ -552,3 +556,19 @@ def test_rollout_benchmark_smoke(capsys):
     table = capsys.readouterr().out.strip().splitlines()
     assert [line.split()[1] for line in table[1:]] == ["fused", "per-seed", "reference"]
     assert float(table[-1].split()[-1]) == 1.0  # the reference against itself
+
+
+def test_flow_sde_sampler_rollout_and_likelihood():
+    """The loop is sampler-agnostic: a flow-matching SDE (NOVA flow checkpoints, fixed std per step)."""
+    from margrpo.diffusion import FlowSDESampler
+    from margrpo.rollout import generate, rollout_logprob
+
+    torch.manual_seed(1)
+    model = TinyTestBackbone(learn_sigma=False).double()
+    sampler = FlowSDESampler(5, noise_level=0.7)
+    config = _config(cfg_scale=4.0, record_diffusion_steps=2)
+    rollout = generate(model, PROMPTS, config, [1, 2, 3], sampler=sampler)
+    assert all(not sampler.is_deterministic(i) for steps in rollout.plan.diffusion_steps for i in steps)
+    assert torch.isfinite(rollout.tokens).all() and torch.isfinite(rollout.logp).all()
+    likelihood = rollout_logprob(model, rollout)
+    torch.testing.assert_close(likelihood.logp, rollout.logp.transpose(0, 1), atol=1e-9, rtol=1e-9)
