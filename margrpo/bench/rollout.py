@@ -16,8 +16,9 @@ Models:
                the transformer costs the same S forward passes in every path, so it is left out and
                the table isolates the work the paths do differently.
 Time: median of `repeats` rollouts after one warm-up (perf_counter on CPU, CUDA events on CUDA).
-The reference path does about S times the head work of the others: at full size (N=1024, S=64,
-T=25) budget minutes per model on a GPU, or shorten it with --mask-steps / --paths.
+The reference path does about S times the head work of the others: the defaults on CUDA (B=2,
+N=1024, S=64, T=25, one timed run) take an estimated 1-2 minutes in all on an H200, mostly the
+Harmon reference; shorten with --paths or --mask-steps.
 
     python -m margrpo.bench.rollout --models tiny --batch 4
     margrpo bench rollout --models nova,harmon --device cuda --batch 8 --json out.json
@@ -218,22 +219,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--models", help="comma list of tiny, nova, harmon (default: all on CUDA, tiny on CPU)")
     parser.add_argument("--paths", default=",".join(PATHS))
-    parser.add_argument("--batch", type=int, help="images per rollout (default: 4 on CUDA, 2 on CPU)")
+    parser.add_argument("--batch", type=int, help="images per rollout (default: 2)")
     parser.add_argument("--tokens", type=int, help="tokens per image, nova/harmon (default: 1024 on CUDA, 64 on CPU)")
     parser.add_argument("--mask-steps", type=int, help="S (default: 64 on CUDA, 8 on CPU)")
     parser.add_argument("--diffusion-steps", type=int, help="T (default: 25 on CUDA, 4 on CPU)")
-    parser.add_argument("--repeats", type=int, help="timed rollouts after one warm-up (default: 3 on CUDA, 1 on CPU)")
+    parser.add_argument("--repeats", type=int, help="timed rollouts after one warm-up (default: 1)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="head dtype (default: bf16 on CUDA)")
     parser.add_argument("--json", help="write the rows and the machine description to this file")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     gpu = device.type == "cuda"
-    batch = args.batch or (4 if gpu else 2)
+    batch = args.batch or 2
     models = args.models or (",".join(MODELS) if gpu else "tiny")
     tokens = args.tokens or (1024 if gpu else 64)
     mask_steps = args.mask_steps or (64 if gpu else 8)
     diffusion_steps = args.diffusion_steps or (25 if gpu else 4)
-    repeats = args.repeats or (3 if gpu else 1)
+    repeats = args.repeats or 1
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if gpu else torch.float32)
     for name, value in (("batch", batch), ("tokens", tokens), ("mask-steps", mask_steps),
                         ("diffusion-steps", diffusion_steps), ("repeats", repeats)):
