@@ -45,6 +45,9 @@ class FrozenParts:
     def __deepcopy__(self, memo) -> "FrozenParts":
         return self
 
+    def modules(self) -> list[nn.Module]:
+        return [self.text_encoder.model, self.vae.vae]
+
 
 class NovaBackbone(nn.Module):
     """NOVA as a MARBackbone: encode_prompts, negative_prompt, forward_z, decode, trainable_parameters,
@@ -79,8 +82,8 @@ class NovaBackbone(nn.Module):
     def _apply(self, fn, recurse: bool = True):
         # .to() / .double() / .cuda() move the frozen parts with the policy
         super()._apply(fn, recurse)
-        self.frozen.text_encoder._apply(fn)
-        self.frozen.vae._apply(fn)
+        for module in self.frozen.modules():
+            module._apply(fn)
         return self
 
     # ------------------------------------------------------------------ MARBackbone protocol

@@ -36,10 +36,6 @@ class PhiTextEncoder:
         states = self.model(input_ids=batch).last_hidden_state
         return [states[row, : len(i)] for row, i in enumerate(ids)]
 
-    def _apply(self, fn) -> None:
-        """Apply a Module._apply function (device/dtype move) to the model."""
-        self.model._apply(fn)
-
 
 def load_text_encoder(tokenizer_dir: Path, encoder_dir: Path, max_tokens: int, device, dtype: torch.dtype) -> PhiTextEncoder:
     """The tokenizer and Phi model of a NOVA checkpoint (Phi weights may carry the upstream
@@ -65,4 +61,5 @@ def load_text_encoder(tokenizer_dir: Path, encoder_dir: Path, max_tokens: int, d
         problems.append(f"unexpected {unexpected[:8]}")
     if problems:
         raise ValueError(f"{encoder_dir}: the Phi weights do not fit its config.json: " + "; ".join(problems))
-    return PhiTextEncoder(tokenizer, model.to(device), max_tokens)
+    # explicit cast: transformers before 4.56 named the from_pretrained keyword torch_dtype
+    return PhiTextEncoder(tokenizer, model.to(device=device, dtype=dtype), max_tokens)

@@ -26,10 +26,6 @@ class LatentDecoder:
         z = latents.to(device=weight.device, dtype=weight.dtype) / self.scaling_factor + self.shift_factor
         return self.vae.decode(z).sample.float().add(1).div(2).clamp(0, 1)
 
-    def _apply(self, fn) -> None:
-        """Apply a Module._apply function (device/dtype move) to the VAE."""
-        self.vae._apply(fn)
-
 
 def load_vae(vae_dir: Path, device, dtype: torch.dtype) -> LatentDecoder:
     """The AutoencoderKL of a NOVA checkpoint; missing or mismatched weights raise ValueError."""
