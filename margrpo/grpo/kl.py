@@ -1,7 +1,10 @@
 """KL penalties between the policy and a frozen reference, per recorded diffusion transition.
 
-Both policies are Gaussians with the same std at a recorded step (the sampler's variance does not
-depend on the backbone), so the exact KL is ||mu - mu_ref||^2 / (2 std^2) summed over channels.
+With a fixed-variance sampler (fixed_small / fixed_large, flow SDE) both policies are Gaussians with
+the same std at a recorded step, so the exact KL is ||mu - mu_ref||^2 / (2 std^2) summed over
+channels. With learned-range variance (Harmon) the std also depends on z; `gaussian_kl` then uses the
+rollout's recorded std for both, which drops the variance term of the KL (use k3_logp for an
+estimator that sees both).
 """
 from __future__ import annotations
 
