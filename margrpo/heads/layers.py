@@ -94,9 +94,17 @@ def _adaln_kernels():
     return adaln
 
 
+def _use_kernels(backend: str, *tensors: torch.Tensor) -> bool:
+    """Triton path: forward only, and at most 2 broadcast leading dims (deeper ones would make the
+    kernels' row view copy a broadcast operand)."""
+    if backend != "triton" or torch.is_grad_enabled():
+        return False
+    return len(torch.broadcast_shapes(*(t.shape for t in tensors))) <= 4
+
+
 def ln_modulate(x, shift, scale, weight, bias, eps: float, backend: str) -> torch.Tensor:
     """LayerNorm(x; weight, bias, eps) * (1 + scale) + shift; shift/scale broadcast over x's seeds."""
-    if backend == "triton" and not torch.is_grad_enabled():
+    if _use_kernels(backend, x, shift, scale):
         return _adaln_kernels().ln_modulate(x, shift, scale, weight, bias, eps)
     normed = F.layer_norm(x, x.shape[-1:], weight, bias, eps)
     return torch.addcmul(shift, normed, 1 + scale)
@@ -110,7 +118,7 @@ def gate_residual(residual, h, gate, weight, bias, eps: float, backend: str) -> 
     """
     in_place = (not torch.is_grad_enabled() and residual.is_contiguous()
                 and residual.shape == torch.broadcast_shapes(residual.shape, h.shape, gate.shape))
-    if backend == "triton" and not torch.is_grad_enabled():
+    if _use_kernels(backend, residual, h, gate):
         return _adaln_kernels().gate_residual(residual, h, gate, weight, bias, eps, out=residual if in_place else None)
     if weight is not None:
         h = F.layer_norm(h, h.shape[-1:], weight, bias, eps)

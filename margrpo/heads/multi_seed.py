@@ -60,7 +60,7 @@ def _condition_rows(head, z: torch.Tensor, cfg: Guidance | None) -> torch.Tensor
         raise TypeError(f"cfg: got {type(cfg).__name__}, expected a margrpo.heads.Guidance or None")
     if z.shape[0] % 2:
         raise ValueError(f"z: got {z.shape[0]} rows with CFG, expected an even count [cond; uncond] = 2N")
-    return z.view(2, z.shape[0] // 2, z.shape[1])
+    return z.reshape(2, z.shape[0] // 2, z.shape[1])
 
 
 def _check_steps(record_steps, num_steps: int) -> tuple[int, ...]:
