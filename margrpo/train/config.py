@@ -20,7 +20,7 @@ class BackboneConfig:
     """name: tiny | nova | harmon; checkpoint: a local directory in the model's official layout."""
 
     name: Literal["tiny", "nova", "harmon"] = "tiny"
-    checkpoint: str = "checkpoints/shapes-tiny"
+    checkpoint: Optional[str] = None  # None: the `model.path` of the config (pretraining's output)
     diffusion_steps: Optional[int] = None  # sampling steps of the head's chain (None: the model's default)
     dtype: Literal["float32", "bfloat16"] = "float32"
 
@@ -99,6 +99,8 @@ class TrainerConfig:
     pretrain: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.backbone.checkpoint is None:
+            self.backbone.checkpoint = self.model.get("path", "checkpoints/shapes-tiny")
         g = self.grpo
         if g.group_size < 2:
             raise ConfigError(f"grpo.group_size: got {g.group_size}, expected >= 2 (advantages compare samples)")
