@@ -195,3 +195,29 @@ def test_ablation_table_shape():
     assert len(table) == 2 + len(LADDER)
     full = table[-1].split(" | ")
     assert full[0] == "full" and float(full[2]) == pytest.approx(0.4) and float(full[3]) == pytest.approx(0.1)
+
+
+def test_micro_batches_accumulate_to_the_same_update(tmp_path, tiny_checkpoint):
+    """Token weights are normalised over the whole batch, so splitting a minibatch into micro-batches
+    (gradient accumulation) or by mask steps gives the same gradient as one pass."""
+    grads = []
+    for extra in ([], ["grpo.micro_batches=4"], ["grpo.minibatch_over=mask_steps", "grpo.minibatches=2"]):
+        # lr 0 and no clipping: the captured gradients of all updates add up to the full-batch gradient
+        trainer = make(tmp_path / str(len(grads)), tiny_checkpoint, "grpo.kl_beta=0.1", "optim.lr=0",
+                       "optim.grad_clip=1e9", *extra)
+        captured = {}
+        original_step = trainer.optimizer.step
+
+        def capture(*args, _captured=captured, _trainer=trainer, **kwargs):
+            for name, p in _trainer.policy.named_parameters():
+                if p.grad is not None:
+                    _captured[name] = _captured.get(name, 0) + p.grad.clone()
+            return original_step(*args, **kwargs)
+
+        trainer.optimizer.step = capture
+        trainer.train_step()
+        grads.append(captured)
+    for other in grads[1:]:
+        assert other.keys() == grads[0].keys()
+        for name in grads[0]:
+            torch.testing.assert_close(other[name], grads[0][name], rtol=1e-4, atol=1e-7)

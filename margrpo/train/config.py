@@ -23,6 +23,7 @@ class BackboneConfig:
     checkpoint: Optional[str] = None  # None: the `model.path` of the config (pretraining's output)
     diffusion_steps: Optional[int] = None  # sampling steps of the head's chain (None: the model's default)
     dtype: Literal["float32", "bfloat16"] = "float32"
+    options: dict[str, Any] = field(default_factory=dict)  # model-specific load() flags (e.g. parity forwards)
 
 
 @dataclass
@@ -39,6 +40,7 @@ class GRPOConfig:
     clip_eps_high: Optional[float] = None
     inner_epochs: int = 1
     minibatches: int = 1  # optimizer steps per epoch
+    micro_batches: int = 1  # gradient accumulation: each minibatch in this many pieces (memory), one update
     minibatch_over: Literal["images", "mask_steps"] = "images"  # mask_steps: the reference's per-step updates
     aggregation: Literal["token_mean", "sample_mean"] = "token_mean"
     kl_beta: float = 0.01
@@ -116,7 +118,7 @@ class TrainerConfig:
                 "grpo.consistency: true needs rollout.likelihood_positions: unknown (with 'revealed' every "
                 "transition is a committed token, which consistency always keeps); set one or the other"
             )
-        for name in ("inner_epochs", "minibatches", "prompts_per_step"):
+        for name in ("inner_epochs", "minibatches", "micro_batches", "prompts_per_step"):
             if getattr(g, name) < 1:
                 raise ConfigError(f"grpo.{name}: got {getattr(g, name)}, expected >= 1")
         if self.run.steps < 0:

@@ -43,14 +43,15 @@ def build_backbone(config, device: torch.device):
         from margrpo.models.tiny import TinyMAR
 
         return TinyMAR.load(config.checkpoint, map_location=device)
+    dtype = getattr(torch, config.dtype)
     if name == "nova":
         from margrpo.models import nova
 
-        return nova.load(config.checkpoint, device=device)
+        return nova.load(config.checkpoint, device=device, dtype=dtype, **config.options)
     if name == "harmon":
         from margrpo.models import harmon
 
-        return harmon.load(config.checkpoint, device=device)
+        return harmon.load(config.checkpoint, device=device, dtype=dtype, **config.options)
     raise ValueError(f"backbone.name: got {name!r}, expected tiny, nova or harmon")
 
 
@@ -210,15 +211,46 @@ class Trainer:
         with autocast:
             return rollout_logprob(model, rollout, cfg=self.config.grpo.likelihood_cfg, steps=steps)
 
-    def _chunks(self, rollout) -> list[tuple[list[int], list[int] | None]]:
-        """(image indices, recorded mask steps or None=all) of each optimizer minibatch."""
+    def _minibatches(self, rollout) -> list[list[tuple[list[int], list[int] | None]]]:
+        """Optimizer minibatches, each a list of (image indices, recorded mask steps or None = all)
+        micro-batches whose gradients accumulate into one update."""
         g = self.config.grpo
         B, M = rollout.batch_size, rollout.plan.num_mask_steps
         if g.minibatch_over == "mask_steps":
-            parts = [list(range(M))[i::g.minibatches] for i in range(g.minibatches)]
-            return [(list(range(B)), sorted(p)) for p in parts if p]
-        size = math.ceil(B / g.minibatches)
-        return [(list(range(s, min(B, s + size))), None) for s in range(0, B, size)]
+            parts = [sorted(list(range(M))[i::g.minibatches]) for i in range(g.minibatches)]
+            groups = [(list(range(B)), p) for p in parts if p]
+        else:
+            size = math.ceil(B / g.minibatches)
+            groups = [(list(range(s, min(B, s + size))), None) for s in range(0, B, size)]
+        out = []
+        for images, steps in groups:
+            size = math.ceil(len(images) / g.micro_batches)
+            out.append([(images[i:i + size], steps) for i in range(0, len(images), size)])
+        return out
+
+    def _chunk_loss(self, images, mask_steps, *, rollout, old_logp, advantages, weights, mte, kl_weights, reference):
+        """The loss of some images' recorded transitions (some mask steps, or all), recomputed with
+        gradient under the current policy; weights are batch-normalised, so chunk losses add up."""
+        g = self.config.grpo
+        lik = self._likelihood(self.policy, rollout.select(images), steps=mask_steps)
+        cols = self._columns(rollout, mask_steps)
+
+        def rows_cols(values: torch.Tensor) -> torch.Tensor:  # [B, L] -> this chunk
+            return values[images][:, cols]
+
+        def traj_rows_cols(values: torch.Tensor) -> torch.Tensor:  # [T, B, L, ...] -> this chunk
+            return values[:, images][:, :, cols]
+
+        old = lik.logp.detach() if g.objective == "reinforce" else traj_rows_cols(old_logp)
+        ref = {}
+        if reference is not None:
+            ref = dict(ref_mean=traj_rows_cols(reference.mean), ref_logp=traj_rows_cols(reference.logp))
+        return chunk_loss(
+            lik.logp.float(), old, advantages[images], rows_cols(weights),
+            mte_mask=None if mte is None else rows_cols(mte), clip_eps=g.clip_eps, clip_eps_high=g.clip_eps_high,
+            kl_beta=g.kl_beta if reference is not None else 0.0, kl_type=g.kl_type, kl_weights=rows_cols(kl_weights),
+            mean=lik.mean, std=traj_rows_cols(rollout.std.transpose(0, 1)), **ref,
+        )
 
     def train_step(self) -> dict[str, float]:
         g, step = self.config.grpo, self.step
@@ -249,38 +281,29 @@ class Trainer:
             with torch.no_grad():  # old log-probs under the same (unguided) likelihood as the update
                 old_logp = self._likelihood(self.policy, rollout).logp.float()
         reference = None
+        self.policy.train()
         if self.reference is not None:
+            # same forward mode as the policy's likelihood (a model flag may change the training forward)
+            self.reference.train(self.policy.training)
             with torch.no_grad():
                 reference = self._likelihood(self.reference, rollout)
 
         sums = dict(loss=0.0, policy=0.0, kl=0.0, clip_fraction=0.0, approx_kl=0.0, ratio_mean=0.0)
         ratio_max, grad_norms, updates = 1.0, [], 0
-        self.policy.train()
+        context = dict(rollout=rollout, old_logp=old_logp, advantages=advantages, weights=weights, mte=mte,
+                       kl_weights=kl_weights, reference=reference)
         for _ in range(g.inner_epochs):
-            for images, mask_steps in self._chunks(rollout):
+            for minibatch in self._minibatches(rollout):
                 self.optimizer.zero_grad(set_to_none=True)
-                part = rollout.select(images)
-                lik = self._likelihood(self.policy, part, steps=mask_steps)
-                cols = self._columns(rollout, mask_steps)
-
-                def sub(values: torch.Tensor) -> torch.Tensor:  # [B, L] -> this chunk's rows and columns
-                    return values[images][:, cols]
-
-                old = old_logp[:, images][:, :, cols]
-                if g.objective == "reinforce":
-                    old = lik.logp.detach()
-                ref_kwargs = {}
-                if reference is not None:
-                    ref_kwargs = dict(ref_mean=reference.mean[:, images][:, :, cols], ref_logp=reference.logp[:, images][:, :, cols])
-                out = chunk_loss(
-                    lik.logp.float(), old, advantages[images], sub(weights),
-                    mte_mask=None if mte is None else sub(mte), clip_eps=g.clip_eps, clip_eps_high=g.clip_eps_high,
-                    kl_beta=g.kl_beta if reference is not None else 0.0, kl_type=g.kl_type, kl_weights=sub(kl_weights),
-                    mean=lik.mean, std=rollout.std.transpose(0, 1)[:, images][:, :, cols], **ref_kwargs,
-                )
-                if not torch.isfinite(out.loss):
-                    return self._skip("loss", metrics, timings)
-                out.loss.backward()
+                for images, mask_steps in minibatch:  # micro-batches accumulate into one update
+                    out = self._chunk_loss(images, mask_steps, **context)
+                    if not torch.isfinite(out.loss):
+                        self.optimizer.zero_grad(set_to_none=True)
+                        return self._skip("loss", metrics, timings)
+                    out.loss.backward()
+                    for key in sums:
+                        sums[key] += float(getattr(out, key).detach())
+                    ratio_max = max(ratio_max, float(out.ratio_max))
                 dist_utils.average_gradients(self.policy)
                 params = [p for p in self.policy.parameters() if p.grad is not None]
                 norm = torch.nn.utils.clip_grad_norm_(params, self.config.optim.grad_clip) if params else torch.zeros(())
@@ -290,9 +313,6 @@ class Trainer:
                 self.optimizer.step()
                 updates += 1
                 grad_norms.append(norm.item())
-                for key in sums:
-                    sums[key] += float(getattr(out, key).detach())
-                ratio_max = max(ratio_max, float(out.ratio_max))
         self.scheduler.step()
         timings["time/train"] = time.perf_counter() - t0
         self.bad_steps = 0
