@@ -10,7 +10,9 @@ class embedding; `class_emb` stays for the checkpoint's keys but is never used).
 are learned for img_size / vae_stride tokens per side (16 for Harmon) and bilinearly interpolated to
 the generation grid (32 at 512 px). Blocks are timm ViT blocks (pre-LN attention + GELU MLP, qkv
 bias) under the same parameter names. Dropout (attn_dropout / proj_dropout) is applied only when the
-model is built with `dropout=True` (the reference code's training forward) and is in training mode.
+model is built with `dropout=True` (the reference code's training forward), and then only in a
+training-mode forward that records gradients: the policy's likelihood pass, never a rollout or the
+frozen reference model's pass (both run without gradient), as in the reference code.
 """
 from __future__ import annotations
 
@@ -26,30 +28,38 @@ from .config import MARConfig
 LN_EPS = 1e-6
 
 
+def _dropout_on(module: nn.Module) -> bool:
+    """Dropout runs only in a training-mode forward that records gradients (see the module docstring)."""
+    return module.training and torch.is_grad_enabled()
+
+
 class Attention(nn.Module):
     def __init__(self, dim: int, num_heads: int, attn_drop: float, proj_drop: float):
         super().__init__()
         self.num_heads = num_heads
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
-        self.attn_drop, self.proj_drop = attn_drop, nn.Dropout(proj_drop)
+        self.attn_drop, self.proj_drop = attn_drop, proj_drop
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, length, dim = x.shape
         q, k, v = self.qkv(x).view(batch, length, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
-        drop = self.attn_drop if self.training else 0.0
-        out = F.scaled_dot_product_attention(q, k, v, dropout_p=drop)
-        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(batch, length, dim)))
+        active = _dropout_on(self)
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if active else 0.0)
+        out = self.proj(out.transpose(1, 2).reshape(batch, length, dim))
+        return F.dropout(out, self.proj_drop, training=active)
 
 
 class Mlp(nn.Module):
     def __init__(self, dim: int, hidden: int, drop: float):
         super().__init__()
         self.fc1, self.fc2 = nn.Linear(dim, hidden), nn.Linear(hidden, dim)
-        self.drop = nn.Dropout(drop)
+        self.drop = drop
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop(self.fc2(self.drop(F.gelu(self.fc1(x)))))
+        active = _dropout_on(self)
+        h = F.dropout(F.gelu(self.fc1(x)), self.drop, training=active)
+        return F.dropout(self.fc2(h), self.drop, training=active)
 
 
 class Block(nn.Module):

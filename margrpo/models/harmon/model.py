@@ -13,11 +13,11 @@ Prompts: a prompt p becomes the chat turn "<|im_start|>user\\nGenerate an image:
 <|im_start|>assistant\\n"; the negative prompt "Generate an image." is used as the whole user turn.
 
 reference_behaviour=True reproduces, at the backbone level, what the reference GRPO code does
-(AMAP-ML/mar-grpo) for the parity preset: MAR dropout (0.1) is active whenever the module is in
-training mode (the trainer's policy pass; the frozen reference stays in eval mode), and within one
-generation the unconditional (negative-prompt) rows see the canvas of the previous forward_z call,
-i.e. the CFG canvas lags one mask step. The default (False) has no dropout and the same canvas for
-both CFG halves.
+(AMAP-ML/mar-grpo) for the parity preset: MAR dropout (0.1) is active in a training-mode forward
+that records gradients (the policy's likelihood pass; rollouts and the frozen reference model run
+without gradient, so never there), and within one generation the unconditional (negative-prompt)
+rows see the canvas of the previous forward_z call, i.e. the CFG canvas lags one mask step. The
+default (False) has no dropout and the same canvas for both CFG halves.
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ class _PromptState:
     and, for reference_behaviour, the negative-prompt rows and the previous call's canvas."""
 
     batch: weakref.ref
-    versions: tuple[int, ...]
+    versions: tuple  # (autocast dtype, in-place versions of the prompt tensors and LLM parameters)
     kv: llm_utils.PromptKV
     negative_rows: torch.Tensor | None = None
     previous_canvas: torch.Tensor | None = None
@@ -223,14 +223,17 @@ class Harmon(nn.Module):
 
     def _prompt_kv(self, prompts: PromptBatch) -> tuple[_PromptState | None, llm_utils.PromptKV]:
         """The prompt KV of `prompts`: reused while the same batch comes back with the same LLM weights
-        (a rollout's mask steps), recomputed every call when it would carry gradient."""
+        under the same autocast (a rollout's mask steps); recomputed at every call when it must carry
+        gradient (a graph must not outlive the backward pass it belongs to)."""
+        if torch.is_grad_enabled() and (prompts.embeds.requires_grad or any(p.requires_grad for p in self.llm.parameters())):
+            return None, llm_utils.prompt_kv(self.llm, prompts.embeds, prompts.mask)
+        device = prompts.embeds.device.type
+        autocast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+        versions = (autocast, prompts.embeds._version, prompts.mask._version, *self._llm_versions())
         state = self._prompt_cache.state
-        versions = (prompts.embeds._version, prompts.mask._version, *self._llm_versions())
         if state is not None and state.batch() is prompts and state.versions == versions:
             return state, state.kv
         kv = llm_utils.prompt_kv(self.llm, prompts.embeds, prompts.mask)
-        if kv.requires_grad:  # a graph must not outlive the backward pass it belongs to
-            return None, kv
         self._prompt_cache.state = _PromptState(weakref.ref(prompts), versions, kv)
         return self._prompt_cache.state, kv
 
