@@ -19,7 +19,6 @@ import torch.nn.functional as F
 
 from margrpo.models import harmon
 from margrpo.models.base import MARBackbone
-from margrpo.models.harmon import llm as llm_utils
 from margrpo.models.harmon.mar import MAR, Block
 from margrpo.models.harmon.vae import AttnBlock, AutoencoderKL
 from margrpo.rollout import RolloutConfig, choose_plan, generate, harmon_schedule, mask_schedule, rollout_logprob
@@ -250,10 +249,20 @@ def test_lora_adapters_are_the_only_trainable_llm_parameters(tiny):
     model = twin(tiny, trainable="mar+lora")
     with pytest.raises(RuntimeError, match="enable_lora"):
         model.trainable_parameters()
+    prompts = model.encode_prompts(PROMPTS[:2])
+    canvas, known = random_state(model, 2, 5, 12)
+    before = model.forward_z(prompts, canvas, known).detach()
     model.enable_lora()
+    model.requires_grad_(False)
+    for p in model.trainable_parameters():
+        p.requires_grad_(True)
     names = {id(p): n for n, p in model.named_parameters()}
     llm_params = [names[id(p)] for p in model.trainable_parameters() if names[id(p)].startswith("llm.")]
     assert llm_params and all("lora_" in n for n in llm_params)
+    z = model.forward_z(prompts, canvas, known)
+    torch.testing.assert_close(z, before, rtol=1e-12, atol=1e-12)  # LoRA starts as the identity (B = 0)
+    z.square().sum().backward()
+    assert model.llm.model.layers[1].mlp.down_proj.lora_B["default"].weight.grad.abs().sum() > 0
 
 
 # ---------------------------------------------------------------------- reference behaviour (parity)

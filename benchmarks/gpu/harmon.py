@@ -125,7 +125,11 @@ def _subset(record: MultiSeedSamples, steps: tuple[int, ...]) -> MultiSeedSample
 def reference_update(model, reference, optimizer, prompts: list[str], config: RolloutConfig, sampler, plan, kept,
                      seeds, advantages: torch.Tensor, kl_beta: float = 0.01) -> None:
     """The reference update: per kept mask step, the unguided policy and reference z of all tokens,
-    per-seed log-prob loops, REINFORCE + k3 KL on log-probs, backward and an optimizer step."""
+    per-seed log-prob loops, REINFORCE + k3 KL on log-probs, backward and an optimizer step.
+
+    Each trajectory's head graph is freed right after its backward into a detached z (then z's
+    gradient goes through the backbone once): the same gradient as the reference's single backward
+    with less memory, so the measured reference is, if anything, faster than the original."""
     rows = prompt_rows(model, prompts, config, guided=False)
     ref_rows = prompt_rows(reference, prompts, config, guided=False)
     B, N = len(prompts), model.num_tokens
@@ -134,19 +138,20 @@ def reference_update(model, reference, optimizer, prompts: list[str], config: Ro
         canvas, known, main = kept[j]
         optimizer.zero_grad(set_to_none=True)
         z = model.forward_z(rows.batch, canvas, known).reshape(B * N, -1)
+        z_leaf = z.detach().requires_grad_(True)
         with torch.no_grad():
             z_ref = reference.forward_z(ref_rows.batch, canvas, known).reshape(B * N, -1)
         records = [main, *(_subset(dataclasses.replace(seeds, x_t=seeds.x_t[:, k:k + 1], x_prev=seeds.x_prev[:, k:k + 1]),
                                    plan.diffusion_steps[j]) for k in range(seeds.x_t.shape[1]))]
-        loss = 0.0
         for record in records:  # one Python loop per trajectory, as the reference scores its seeds
-            logp = eager_denoise_logprob(model.head, z, sampler, record)[:, 0]  # [R, B*N]
+            logp = eager_denoise_logprob(model.head, z_leaf, sampler, record)[:, 0]  # [R, B*N]
             with torch.no_grad():
                 ref_logp = eager_denoise_logprob(reference.head, z_ref, sampler, record)[:, 0]
             delta = ref_logp - logp
             kl = torch.exp(delta) - delta - 1
-            loss = loss + (-(torch.exp(logp - logp.detach()) * adv) + kl_beta * kl).mean() / len(records)
-        loss.backward()
+            loss = (-(torch.exp(logp - logp.detach()) * adv) + kl_beta * kl).mean() / len(records)
+            loss.backward()
+        z.backward(z_leaf.grad)
         optimizer.step()
 
 

@@ -31,7 +31,6 @@ from .config import HarmonConfig
 from .model import Harmon
 from .presets import preset
 
-HF_REPOS = {"harmon-1.5b": "wusize/Harmon-1_5B", "harmon-0.5b": "wusize/Harmon-0_5B"}
 GITHUB_FILES = {"harmon_1.5b.pth": "harmon-1.5b", "harmon_1.5b-o.pth": "harmon-1.5b", "harmon_0.5b.pth": "harmon-0.5b"}
 QWEN_DIRS = {"harmon-1.5b": "Qwen2.5-1.5B-Instruct", "harmon-0.5b": "Qwen2.5-0.5B-Instruct"}
 VAE_FILE = "kl16.ckpt"

@@ -28,8 +28,7 @@ def build_llm(config: dict[str, Any], attn_implementation: str = "sdpa") -> nn.M
     """A randomly initialised Qwen2ForCausalLM from a config dict (the module named `llm` in Harmon)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    values = {k: v for k, v in config.items() if k not in ("architectures", "transformers_version", "_name_or_path")}
-    qwen = Qwen2Config(**values)
+    qwen = Qwen2Config.from_dict(config)
     qwen._attn_implementation = attn_implementation
     return Qwen2ForCausalLM(qwen)
 
@@ -91,12 +90,3 @@ def image_states(llm: nn.Module, prompt: PromptKV, image: torch.Tensor) -> torch
     cache = {_cache_keyword(type(model).forward): _new_cache(prompt.tensors)}
     output = model(inputs_embeds=image, attention_mask=mask, position_ids=positions, use_cache=True, **cache)
     return output.last_hidden_state
-
-
-def full_states(llm: nn.Module, embeds: torch.Tensor, mask: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
-    """The same hidden states from one pass over [prompt ; image] without any cache (the reference)."""
-    full_mask = torch.cat([mask, mask.new_ones(image.shape[:2])], 1)
-    positions = (full_mask.long().cumsum(1) - 1).clamp(min=0)
-    output = llm.model(inputs_embeds=torch.cat([embeds, image], 1), attention_mask=full_mask, position_ids=positions,
-                       use_cache=False)
-    return output.last_hidden_state[:, embeds.shape[1]:]

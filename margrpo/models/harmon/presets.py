@@ -41,7 +41,7 @@ PRESETS: dict[str, HarmonConfig] = {
         mar=MARConfig(encoder_embed_dim=768, encoder_depth=12, encoder_num_heads=12, decoder_embed_dim=768,
                       decoder_depth=12, decoder_num_heads=12, diffloss_d=6, diffloss_w=1024)),
     "harmon-tiny": HarmonConfig(
-        llm={**_qwen(32, 64, 2, 4, 2, vocab=259), "bos_token_id": 256, "eos_token_id": 258, "max_position_embeddings": 512},
+        llm={**_qwen(32, 64, 2, 4, 2, vocab=259), "bos_token_id": 256, "eos_token_id": 258},
         mar=MARConfig(encoder_embed_dim=32, encoder_depth=1, encoder_num_heads=2, decoder_embed_dim=32, decoder_depth=1,
                       decoder_num_heads=2, img_size=8, vae_stride=2, buffer_size=4, class_num=10, diffloss_d=2,
                       diffloss_w=32, num_sampling_steps="4"),
@@ -78,11 +78,12 @@ def build(name_or_config: str | HarmonConfig, *, device: str | torch.device = "c
 
     head_std: re-initialise the head's adaLN-Zero layers with this std (None keeps the zero init,
     under which the head ignores z). options: Harmon's keyword arguments (trainable, ...).
-    The vocabulary of a real-size preset is shrunk to the byte tokenizer's when that tokenizer is used."""
+    Without a tokenizer the byte tokenizer is used and the LLM's vocabulary shrunk to it."""
     config = preset(name_or_config) if isinstance(name_or_config, str) else copy.deepcopy(name_or_config)
     if tokenizer is None:
         tokenizer = byte_tokenizer()
-        config.llm["vocab_size"] = max(len(tokenizer), 1)
+        config.llm.update(vocab_size=len(tokenizer), bos_token_id=tokenizer.pad_token_id,
+                          eos_token_id=tokenizer.eos_token_id)
     torch.manual_seed(seed)
     with torch.device(device):
         model = Harmon(config, tokenizer, **options)
