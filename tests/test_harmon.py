@@ -382,6 +382,16 @@ def test_missing_parts_of_the_github_layout(tiny_dir, tmp_path, missing, message
         harmon.load(path, preset_name="harmon-tiny")
 
 
+def test_pickled_objects_in_a_checkpoint_are_refused_with_advice(tiny_dir, tmp_path):
+    import argparse
+
+    full = harmon.save_pretrained(tiny_dir[1], tmp_path / "full", layout="github")
+    vae = torch.load(full / "kl16.ckpt", weights_only=True)
+    torch.save({**vae, "args": argparse.Namespace(embed_dim=16)}, full / "kl16.ckpt")  # as training scripts save
+    with pytest.raises(ValueError, match="kl16.ckpt: holds Python objects.*weights_only"):
+        harmon.load(full, preset_name="harmon-tiny")
+
+
 def test_no_checkpoint_names_both_layouts(tmp_path):
     with pytest.raises(harmon.MissingCheckpointError, match="config.json.*harmon_1.5b.pth"):
         harmon.load(tmp_path)
@@ -468,7 +478,7 @@ def bench():
 
 def test_gpu_benchmark_runs_tiny_on_cpu(bench, tmp_path):
     result = bench.run(tmp_path, tiny=True, device="cpu")
-    assert json.loads((tmp_path / "harmon.json").read_text())["setting"]["preset"] == "harmon-tiny"
+    assert json.loads((tmp_path / "harmon-tiny.json").read_text())["setting"]["preset"] == "harmon-tiny"
     for key in ("backbone_ms", "fused_rollout_ms", "reference_rollout_ms", "fused_step_ms", "reference_step_ms"):
         assert result[key] > 0, key
     assert result["step_speedup"] == pytest.approx(result["reference_step_ms"] / result["fused_step_ms"])

@@ -198,7 +198,7 @@ def _timed(fn, device: torch.device, repeats: int) -> tuple[float, float | None]
 
 
 def run(out_dir: str | Path, tiny: bool = False, device: str | torch.device | None = None) -> dict:
-    """Time both paths; write `out_dir`/harmon.json and return the same dict."""
+    """Time both paths; write `out_dir`/harmon.json (harmon-tiny.json for tiny) and return the same dict."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     setting = TINY if tiny else FULL
     began = time.perf_counter()
@@ -262,7 +262,7 @@ def run(out_dir: str | Path, tiny: bool = False, device: str | torch.device | No
     }
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "harmon.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / ("harmon-tiny.json" if tiny else "harmon.json")).write_text(json.dumps(result, indent=1) + "\n")
     return result
 
 
@@ -284,7 +284,7 @@ def format_table(result: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="tiny dims on the CPU (a smoke run)")
-    parser.add_argument("--out", default="benchmarks/results", help="directory for harmon.json")
+    parser.add_argument("--out", default="benchmarks/results", help="directory for harmon.json / harmon-tiny.json")
     parser.add_argument("--device", default=None)
     args = parser.parse_args(argv)
     if args.tiny:

@@ -23,6 +23,7 @@ Weights are read with safetensors or torch.load(weights_only=True); nothing is d
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 
 import torch
@@ -144,7 +145,13 @@ def _llm_dir(root: Path, expected: str) -> Path:
 
 
 def _torch_load(path: Path) -> dict[str, torch.Tensor]:
-    return torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise ValueError(
+            f"{path}: holds Python objects besides tensors, which torch.load(weights_only=True) refuses. If you "
+            f"trust the file, re-save its tensors once: torch.save(torch.load(path, weights_only=False), path)"
+        ) from err
 
 
 def _read_weights(root: Path) -> dict[str, torch.Tensor]:
