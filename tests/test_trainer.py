@@ -201,7 +201,8 @@ def test_micro_batches_accumulate_to_the_same_update(tmp_path, tiny_checkpoint):
     """Token weights are normalised over the whole batch, so splitting a minibatch into micro-batches
     (gradient accumulation) or by mask steps gives the same gradient as one pass."""
     grads = []
-    for extra in ([], ["grpo.micro_batches=4"], ["grpo.minibatch_over=mask_steps", "grpo.minibatches=2"]):
+    for extra in ([], ["grpo.micro_batches=4"], ["grpo.minibatch_over=mask_steps", "grpo.minibatches=2"],
+                  ["grpo.micro_batches=2", "grpo.micro_batch_over=mask_steps"]):
         # lr 0 and no clipping: the captured gradients of all updates add up to the full-batch gradient
         trainer = make(tmp_path / str(len(grads)), tiny_checkpoint, "grpo.kl_beta=0.1", "optim.lr=0",
                        "optim.grad_clip=1e9", *extra)

@@ -41,6 +41,7 @@ class GRPOConfig:
     inner_epochs: int = 1
     minibatches: int = 1  # optimizer steps per epoch
     micro_batches: int = 1  # gradient accumulation: each minibatch in this many pieces (memory), one update
+    micro_batch_over: Literal["images", "mask_steps"] = "images"
     minibatch_over: Literal["images", "mask_steps"] = "images"  # mask_steps: the reference's per-step updates
     aggregation: Literal["token_mean", "sample_mean"] = "token_mean"
     kl_beta: float = 0.01

@@ -224,8 +224,12 @@ class Trainer:
             groups = [(list(range(s, min(B, s + size))), None) for s in range(0, B, size)]
         out = []
         for images, steps in groups:
-            size = math.ceil(len(images) / g.micro_batches)
-            out.append([(images[i:i + size], steps) for i in range(0, len(images), size)])
+            if g.micro_batch_over == "mask_steps":
+                steps = list(range(M)) if steps is None else steps
+                out.append([(images, sorted(steps[i::g.micro_batches])) for i in range(g.micro_batches) if steps[i::g.micro_batches]])
+            else:
+                size = math.ceil(len(images) / g.micro_batches)
+                out.append([(images[i:i + size], steps) for i in range(0, len(images), size)])
         return out
 
     def _chunk_loss(self, images, mask_steps, *, rollout, old_logp, advantages, weights, mte, kl_weights, reference):
