@@ -392,7 +392,7 @@ def test_configs_load_with_the_recipes(tiny_dir):
     assert parity.rollout.likelihood_positions == "unknown"
     assert (sound.grpo.objective, sound.grpo.likelihood_cfg) == ("clip", "rollout")
     # the parity preset's model options are nova.load's keywords
-    assert nova.load(tiny_dir, **parity.model).training_extra_frame is True
+    assert nova.load(tiny_dir, **parity.backbone.options).training_extra_frame is True
 
 
 def test_gpu_benchmark_runs_at_tiny_size(tmp_path):
