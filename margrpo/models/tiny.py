@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from margrpo.diffusion import DDPMSampler, mar_sampler
+from margrpo.diffusion import DDPMSampler
 from margrpo.heads import SimpleMLPAdaLN
 from margrpo.testbed.grammar import VOCABULARY
 
@@ -73,6 +73,20 @@ class TinyMARConfig:
     @property
     def token_channels(self) -> int:
         return 3 * self.patch_size**2
+
+
+def sincos_2d(grid: int, width: int) -> torch.Tensor:
+    """[grid * grid, width] position code: half the channels encode the row, half the column, each as
+    sines and cosines of geometric frequencies (row-major token order, as patchify)."""
+    quarter = width // 4
+    freqs = 1.0 / 10000 ** (torch.arange(quarter, dtype=torch.float64) / quarter)
+    rows, cols = torch.meshgrid(torch.arange(grid), torch.arange(grid), indexing="ij")
+    parts = []
+    for coord in (rows.flatten(), cols.flatten()):
+        angles = coord[:, None].double() * freqs
+        parts += [angles.sin(), angles.cos()]
+    code = torch.cat(parts, 1)
+    return torch.nn.functional.pad(code, (0, width - code.shape[1])).float()
 
 
 class WordTokenizer:
@@ -156,8 +170,12 @@ class TinyMAR(nn.Module):
             if isinstance(module, nn.Linear):
                 nn.init.xavier_uniform_(module.weight)
                 nn.init.zeros_(module.bias)
-        for param in (self.word_embed.weight, self.prompt_pos, self.mask_token, self.image_pos):
+        for param in (self.word_embed.weight, self.prompt_pos, self.mask_token):
             nn.init.normal_(param, std=0.02)
+        # image positions start as 2D sin-cos (as in MAE): neighbouring patches start out similar,
+        # which the model would otherwise have to discover from data
+        with torch.no_grad():
+            self.image_pos.copy_(sincos_2d(self.config.grid, self.config.width))
 
     # ------------------------------------------------------------------ MARBackbone protocol
     def encode_prompts(self, prompts: list[str]) -> PromptBatch:
@@ -206,8 +224,11 @@ class TinyMAR(nn.Module):
         return x.reshape(-1, self.num_tokens, self.token_channels) * 2 - 1
 
     def make_sampler(self, num_steps: int | None = None) -> DDPMSampler:
-        """The head's DDPM sampler (MAR's cosine schedule, eps prediction, fixed-large variance)."""
-        return mar_sampler(num_steps or self.config.diffusion_steps, self.config.noise_schedule, learn_sigma=False)
+        """The head's DDPM sampler: MAR's schedule (IDDPM respacing of 1000 training steps, eps
+        prediction, fixed-large variance), with the predicted clean token clipped to the pixel range
+        [-1, 1] (at the noisiest steps an eps error is amplified by 1 / sqrt(alpha_bar) ~ 600)."""
+        return DDPMSampler(num_steps or self.config.diffusion_steps, beta_schedule=self.config.noise_schedule,
+                           spacing="iddpm", prediction_type="epsilon", variance_type="fixed_large", clip_sample=1.0)
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: str | Path) -> None:

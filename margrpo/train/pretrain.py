@@ -53,7 +53,7 @@ class PretrainConfig:
     mask_ratio: Literal["cosine", "truncnorm"] = "cosine"
     mask_ratio_min: float = 0.7  # lower bound of MAR's truncated normal (mean 1, std 0.25)
     prompt_dropout: float = 0.1
-    ema_decay: float = 0.999  # 0 disables the EMA
+    ema_decay: float = 0.995  # 0 disables the EMA
     eval_every: int = 250  # 0 = only at the end
     eval_per_category: int = 8  # held-out prompts per category in periodic evals
     final_eval_per_category: int = 32  # ... in the final eval (reported in pretrain_metrics.json)
@@ -175,8 +175,10 @@ def pretrain(model_config: ModelConfig, config: PretrainConfig) -> dict:
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
         optimizer.step()
         if config.ema_decay:
+            # warm-up: early on the average would be dominated by the (zero-init head) initial weights
+            decay = min(config.ema_decay, (1 + step) / (10 + step))
             with torch.no_grad():
-                torch._foreach_lerp_(list(ema.parameters()), list(model.parameters()), 1 - config.ema_decay)
+                torch._foreach_lerp_(list(ema.parameters()), list(model.parameters()), 1 - decay)
         progress.set_postfix(loss=f"{loss.item():.4f}", grad=f"{grad_norm.item():.2f}")
 
         last = step + 1 == config.steps
@@ -186,14 +188,18 @@ def pretrain(model_config: ModelConfig, config: PretrainConfig) -> dict:
             summary.update(step=step + 1, minutes=round((time.time() - started) / 60, 2),
                            prompts=per_category * len(CATEGORIES), loss=round(loss.item(), 5))
             metrics["evals"].append(summary)
+            metrics["minutes"] = summary["minutes"]
             progress.write("eval " + "  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
                                                for k, v in summary.items()))
+            save(ema, metrics, out)  # after every eval, so a stopped run leaves its latest model
 
-    metrics["minutes"] = round((time.time() - started) / 60, 2)
-    ema.save(out)
-    (out / "pretrain_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     print(f"saved {out} after {metrics['minutes']} minutes")
     return metrics
+
+
+def save(model: TinyMAR, metrics: dict, out: Path) -> None:
+    model.save(out)
+    (out / "pretrain_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
