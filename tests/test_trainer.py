@@ -105,10 +105,47 @@ def _toy_reward(trainer, seeds=range(16)) -> float:
     return Redness(device="cpu")(images, [p for p in prompts for _ in range(4)]).mean().item()
 
 
+def test_update_raises_the_likelihood_of_above_average_samples(tmp_path, tiny_checkpoint):
+    """The first-order promise of a GRPO step: after one small update, sum_i A_i * (logp_new - logp_old)
+    over the batch's recorded transitions is positive (better samples became more likely)."""
+    from margrpo.rollout import generate, rollout_logprob
+
+    trainer = make(tmp_path, tiny_checkpoint, "optim.lr=1e-4", "grpo.kl_beta=0", "grpo.prompts_per_step=4")
+    prompts, seeds, _ = trainer._step_prompts(0)
+    captured = {}
+    original = trainer.reward
+
+    def remember(images, prompts_, metadata=None):
+        result = original(images, prompts_, metadata)
+        captured["rewards"] = result.total
+        return result
+
+    trainer.reward = remember
+    trainer.policy.eval()
+    rollout = generate(trainer.policy, prompts, trainer.config.rollout, seeds, sampler=trainer.sampler,
+                       plan=trainer._plan(0))
+    trainer.train_step()
+    advantages = trainer._advantages(captured["rewards"], prompts)
+    with torch.no_grad():
+        new_logp = rollout_logprob(trainer.policy, rollout).logp[0]
+    change = (new_logp - rollout.logp[:, 0]).mean(1)  # per sample
+    assert (advantages * change).sum() > 0
+
+
+def _toy_reward(trainer) -> float:
+    from margrpo.train.evaluate import generate_images
+
+    prompts = trainer.train_prompts[:4]
+    _, images = generate_images(trainer.policy, trainer.sampler, trainer.config.rollout, prompts, 8, seed=99)
+    return Redness(device="cpu")(images, [p for p in prompts for _ in range(8)]).mean().item()
+
+
 def test_training_improves_a_toy_reward(tmp_path, tiny_checkpoint):
-    trainer = make(tmp_path, tiny_checkpoint, "optim.lr=3e-3", "grpo.kl_beta=0", "run.steps=8", "grpo.prompts_per_step=4")
+    # the head trains too here: with a random frozen head, z barely reaches the pixels of this toy model
+    trainer = make(tmp_path, tiny_checkpoint, "optim.lr=1e-2", "grpo.kl_beta=0", "grpo.prompts_per_step=4",
+                   "grpo.head=train")
     before = _toy_reward(trainer)
-    for _ in range(8):
+    for _ in range(12):
         trainer.train_step()
         trainer.step += 1
     after = _toy_reward(trainer)
