@@ -25,11 +25,7 @@ def _implementations(op: str) -> dict:
     return bench.implementations(op, DEVICE)
 
 
-def _impl_names() -> list[str]:
-    return ["eager", "compile"] + [f"margrpo[{b}]" for b in bench._backends_on(DEVICE)]
-
-
-CASES = [(op, shape, impl) for op in bench.OPS for shape in SHAPES for impl in _impl_names()]
+CASES = [(op, shape, impl) for op in bench.OPS for shape in SHAPES for impl in _implementations(op)]
 
 
 @pytest.mark.parametrize("op,shape,impl", CASES, ids=[f"{o}-{s}-{i}" for o, s, i in CASES])

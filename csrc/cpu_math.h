@@ -1,12 +1,24 @@
-// log and exp for the CPU kernels' inner loops. glibc's logf/expf are calls the compiler cannot
-// vectorise, which leaves a one-pass kernel slower than torch's vectorised (Sleef) eager ops. These
-// branch-free float versions (the Cephes polynomials, about 1 ulp) inline into `#pragma omp simd`
-// loops. double keeps std::log / std::exp: fp64 is the exact reference path of the tests.
+// What the CPU kernels' inner loops need to vectorise: AVX2 clones of the hot functions, and log / exp
+// that inline into `#pragma omp simd` loops. glibc's logf/expf are calls the compiler cannot
+// vectorise, which leaves a one-pass kernel slower than torch's vectorised (Sleef) eager ops; the
+// branch-free float versions here are the Cephes polynomials (about 1 ulp). double keeps std::log /
+// std::exp: fp64 is the exact reference path of the tests. (Needs -fno-trapping-math, see setup.py.)
 #pragma once
 
 #include <bit>
 #include <cmath>
 #include <cstdint>
+
+// Every function with a hot vector loop is compiled three times, for x86-64-v4 (AVX-512), x86-64-v3
+// (AVX2 + FMA) and baseline x86-64, and the loader picks the best clone the CPU runs (GCC function
+// multi-versioning): up to 4x the vector width of the baseline without building for one machine.
+// A clone does not reliably inline the plain functions it calls, so those carry the attribute too.
+// Other compilers and architectures get one version.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define MARGRPO_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define MARGRPO_CPU_CLONES
+#endif
 
 namespace margrpo::cpu {
 
@@ -18,7 +30,9 @@ inline float log_normal(float x) {
   float m = std::bit_cast<float>((bits & 0x007fffff) | 0x3f000000);  // [0.5, 1)
   const bool low = m < 0.707106781186547524f;
   e = low ? e - 1 : e;
-  const float f = low ? m + m - 1.0f : m - 1.0f;
+  // both candidates computed, then selected: a conditional float operation would block if-conversion
+  const float doubled = m + m;
+  const float f = (low ? doubled : m) - 1.0f;
   const float z = f * f;
   float p = 7.0376836292e-2f;
   p = p * f - 1.1514610310e-1f;
@@ -41,7 +55,7 @@ inline float exp_bounded(float x) {
   const float xs = nan ? 0.0f : x;  // a NaN must not reach the float -> int conversion
   // xs = n log 2 + r with |r| <= log(2) / 2, then exp(xs) = 2^n exp(r)
   const float t = xs * 1.44269504088896341f;
-  const int32_t n = int32_t(t + (t >= 0.0f ? 0.5f : -0.5f));
+  const int32_t n = int32_t(std::round(t));  // a select-based rounding here keeps GCC from vectorising
   const float fn = float(n);
   const float r = xs - fn * 0.693359375f + fn * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
@@ -64,5 +78,28 @@ inline bool log_fast_valid(float x) { return x >= 1.17549435e-38f && x <= 3.4028
 inline bool log_fast_valid(double x) { return x > 0; }  // std::log is exact; NaN policy aside
 inline float exp_fast(float x) { return exp_bounded(x); }
 inline double exp_fast(double x) { return std::exp(x); }
+
+// Sums of the `rows` rows of a contiguous [rows, C] block, times `scale`, into out[0, rows). Rows of
+// the kernels are short (C = 16), and a vectorised sum per row spends most of its time on the final
+// horizontal add; instead kRowLanes rows are summed side by side, one vector lane per row (strided
+// loads), which needs no horizontal step.
+constexpr int kRowLanes = 16;
+
+template <typename acc_t>
+MARGRPO_CPU_CLONES void row_sums(const acc_t* block, int64_t rows, int64_t C, acc_t scale, acc_t* out) {
+  int64_t r0 = 0;
+  for (; r0 + kRowLanes <= rows; r0 += kRowLanes) {
+    acc_t sums[kRowLanes] = {};
+    for (int64_t c = 0; c < C; ++c) {
+      for (int j = 0; j < kRowLanes; ++j) sums[j] += block[(r0 + j) * C + c];
+    }
+    for (int j = 0; j < kRowLanes; ++j) out[r0 + j] = sums[j] * scale;
+  }
+  for (; r0 < rows; ++r0) {
+    acc_t sum = 0;
+    for (int64_t c = 0; c < C; ++c) sum += block[r0 * C + c];
+    out[r0] = sum * scale;
+  }
+}
 
 }  // namespace margrpo::cpu

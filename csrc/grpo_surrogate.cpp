@@ -1,6 +1,6 @@
 // grpo_surrogate_fwd on the CPU. Deterministic two-stage reduction: the [T, B, L] terms are cut into
 // chunks of whole rows whose size depends only on L (never on the thread count); each chunk sums its
-// terms in index order into its own slot, then the slots are combined in chunk order.
+// terms into its own slots (vectorised over each row), then the slots are combined in chunk order.
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -15,73 +15,102 @@ namespace {
 
 constexpr int64_t kChunkTerms = 8192;  // terms per chunk (rounded up to whole rows of L)
 
+// One row of L terms (one trajectory t, one sample b): the gradients into g and each term's five
+// contributions into parts[slot * L + l], as one elementwise loop. The sums are separate loops: GCC
+// leaves a loop with several reductions unvectorised in the target clones. The body reads only plain
+// arrays and scalar arguments (a struct member or bool read in one branch of a select would also
+// keep it scalar).
+template <typename scalar_t, typename acc_t>
+MARGRPO_CPU_CLONES void row_terms(const scalar_t* logp, const scalar_t* old, const acc_t* weights, const uint8_t* mte,
+                                  acc_t adv, acc_t rest, acc_t inv_T, acc_t low, acc_t high, int64_t L, acc_t* g,
+                                  acc_t* parts) {
+#pragma omp simd
+  for (int64_t l = 0; l < L; ++l) {
+    const acc_t log_ratio = clamped_log_ratio(acc_t(logp[l]), acc_t(old[l]));
+    const acc_t w = term_weight(weights[l], mte[l] != 0, inv_T, rest);
+    const Term<acc_t> e = term(log_ratio, cpu::exp_fast(log_ratio), adv, w, low, high);
+    g[l] = e.grad;
+    parts[kLoss * L + l] = e.loss;
+    parts[kClipFraction * L + l] = e.clipped;
+    parts[kApproxKl * L + l] = e.kl;
+    parts[kRatioMean * L + l] = e.ratio;
+    parts[kRatioMax * L + l] = e.kept_ratio;
+  }
+}
+
+template <typename acc_t>
+MARGRPO_CPU_CLONES acc_t sum(const acc_t* x, int64_t n) {
+  acc_t total = 0;
+#pragma omp simd reduction(+ : total)
+  for (int64_t i = 0; i < n; ++i) total += x[i];
+  return total;
+}
+
+template <typename acc_t>
+MARGRPO_CPU_CLONES acc_t maximum(const acc_t* x, int64_t n, acc_t init) {
+  acc_t result = init;
+#pragma omp simd reduction(max : result)
+  for (int64_t i = 0; i < n; ++i) result = x[i] > result ? x[i] : result;  // std::max takes references: no simd
+  return result;
+}
+
+// Rows [row_begin, row_end) of the [T * B, L] terms: their gradients, and their five sums into slots.
+template <typename scalar_t, typename acc_t>
+void chunk_terms(const Args& a, const Clip<acc_t>& clip, int64_t row_begin, int64_t row_end, acc_t* grad,
+                 acc_t* slots) {
+  const int64_t B = a.B, L = a.L;
+  std::vector<acc_t> parts(kSlots * L);
+  for (int s = 0; s < kSlots; ++s) slots[s] = initial<acc_t>(s);
+  for (int64_t row = row_begin; row < row_end; ++row) {
+    const int64_t b = row % B;
+    const acc_t rest = row < B ? acc_t(1) : acc_t(0);  // trajectory 0 counts outside MTE tokens
+    row_terms<scalar_t, acc_t>(a.logp.data_ptr<scalar_t>() + row * L, a.old_logp.data_ptr<scalar_t>() + row * L,
+                               a.weights.data_ptr<acc_t>() + b * L,
+                               reinterpret_cast<const uint8_t*>(a.mte_mask.data_ptr<bool>()) + b * L,
+                               a.advantages.data_ptr<acc_t>()[b], rest, clip.inv_T, clip.low, clip.high, L,
+                               grad + row * L, parts.data());
+    for (int s : {kLoss, kClipFraction, kApproxKl, kRatioMean}) slots[s] += sum(parts.data() + s * L, L);
+    slots[kRatioMax] = maximum(parts.data() + kRatioMax * L, L, slots[kRatioMax]);
+  }
+}
+
+template <typename scalar_t, typename acc_t>
+void surrogate(const Args& a, double clip_low, double clip_high, acc_t* grad, acc_t* loss, acc_t* stats) {
+  const Clip<acc_t> clip(clip_low, clip_high, a.T);
+  const int64_t rows = a.T * a.B;
+  const int64_t rows_per_chunk = std::max<int64_t>(1, (kChunkTerms + a.L - 1) / std::max<int64_t>(a.L, 1));
+  const int64_t chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
+  std::vector<acc_t> partial(chunks * kSlots);
+  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t chunk = begin; chunk < end; ++chunk) {
+      const int64_t row_begin = chunk * rows_per_chunk;
+      chunk_terms<scalar_t, acc_t>(a, clip, row_begin, std::min(rows, row_begin + rows_per_chunk), grad,
+                                   partial.data() + chunk * kSlots);
+    }
+  });
+  acc_t total[kSlots];
+  for (int s = 0; s < kSlots; ++s) total[s] = initial<acc_t>(s);
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+    const acc_t* slots = partial.data() + chunk * kSlots;
+    for (int s = 0; s < kSlots; ++s) total[s] = s == kRatioMax ? std::max(total[s], slots[s]) : total[s] + slots[s];
+  }
+  *loss = total[kLoss];
+  for (int s : {kClipFraction, kApproxKl, kRatioMean}) stats[s] = total[s];
+  stats[kRatioMax] = total[kRatioMax] < acc_t(0) ? acc_t(1) : total[kRatioMax];
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd_cpu(const at::Tensor& logp_in, const at::Tensor& old_in,
                                                        const at::Tensor& adv_in, const at::Tensor& weights_in,
                                                        const at::Tensor& mte_in, double clip_low, double clip_high) {
   const Args a = prepare("grpo_surrogate_fwd", logp_in, old_in, adv_in, weights_in, mte_in);
-  const int64_t T = a.T, B = a.B, L = a.L;
   const auto options = a.logp.options().dtype(a.advantages.scalar_type());
-  at::Tensor grad = at::empty({T, B, L}, options);
+  at::Tensor grad = at::empty({a.T, a.B, a.L}, options);
   at::Tensor loss = at::empty({}, options);
   at::Tensor stats = at::empty({4}, options);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.logp.scalar_type(), "grpo_surrogate_fwd", [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    const scalar_t* logp = a.logp.data_ptr<scalar_t>();
-    const scalar_t* old = a.old_logp.data_ptr<scalar_t>();
-    const acc_t* adv = a.advantages.data_ptr<acc_t>();
-    const acc_t* weights = a.weights.data_ptr<acc_t>();
-    const bool* mte = a.mte_mask.data_ptr<bool>();
-    acc_t* g = grad.data_ptr<acc_t>();
-    const Clip<acc_t> clip(clip_low, clip_high, T);
-
-    const int64_t rows = T * B;
-    const int64_t rows_per_chunk = std::max<int64_t>(1, (kChunkTerms + L - 1) / std::max<int64_t>(L, 1));
-    const int64_t chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
-    std::vector<acc_t> partial(chunks * kSlots);
-    at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t chunk = begin; chunk < end; ++chunk) {
-        // ratio > 0 always: a max still at -1 at the end means no term was kept
-        acc_t loss_sum = 0, clipped = 0, kl = 0, ratio_sum = 0, ratio_max = -1;
-        const int64_t row_end = std::min(rows, (chunk + 1) * rows_per_chunk);
-        for (int64_t row = chunk * rows_per_chunk; row < row_end; ++row) {
-          const int64_t t = row / B, b = row % B;
-          const scalar_t* lp = logp + row * L;
-          const scalar_t* op = old + row * L;
-          const acc_t* wb = weights + b * L;
-          const bool* mb = mte + b * L;
-          acc_t* gr = g + row * L;
-          const acc_t adv_b = adv[b];
-#pragma omp simd reduction(+ : loss_sum, clipped, kl, ratio_sum) reduction(max : ratio_max)
-          for (int64_t l = 0; l < L; ++l) {
-            const acc_t log_ratio = clamped_log_ratio(acc_t(lp[l]), acc_t(op[l]));
-            const acc_t w = term_weight(wb[l], mb[l], t == 0, clip);
-            const Term<acc_t> e = term(log_ratio, cpu::exp_fast(log_ratio), adv_b, w, clip);
-            gr[l] = e.grad;
-            loss_sum += e.loss;
-            clipped += e.clipped;
-            kl += e.kl;
-            ratio_sum += e.ratio;
-            ratio_max = std::max(ratio_max, e.kept_ratio);
-          }
-        }
-        acc_t* slots = partial.data() + chunk * kSlots;
-        slots[kLoss] = loss_sum;
-        slots[kClipFraction] = clipped;
-        slots[kApproxKl] = kl;
-        slots[kRatioMean] = ratio_sum;
-        slots[kRatioMax] = ratio_max;
-      }
-    });
-    acc_t total[kSlots] = {0, 0, 0, -1, 0};
-    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
-      const acc_t* slots = partial.data() + chunk * kSlots;
-      for (int s : {kLoss, kClipFraction, kApproxKl, kRatioMean}) total[s] += slots[s];
-      total[kRatioMax] = std::max(total[kRatioMax], slots[kRatioMax]);
-    }
-    if (total[kRatioMax] < acc_t(0)) total[kRatioMax] = acc_t(1);  // no kept term
-    loss.fill_(total[kLoss]);
-    acc_t* st = stats.data_ptr<acc_t>();
-    for (int s = 0; s < 4; ++s) st[s] = total[s];
+    surrogate<scalar_t, acc_t>(a, clip_low, clip_high, grad.data_ptr<acc_t>(), loss.data_ptr<acc_t>(),
+                               stats.data_ptr<acc_t>());
   });
   return {loss, stats, grad};
 }

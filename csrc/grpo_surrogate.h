@@ -12,6 +12,13 @@ constexpr double kMaxLogRatio = 20.0;  // log-ratios are clamped to +-20 before 
 // Order of the statistics in the stats output; kLoss is an internal slot of the partial sums.
 enum Slot { kClipFraction = 0, kApproxKl = 1, kRatioMean = 2, kRatioMax = 3, kLoss = 4, kSlots = 5 };
 
+// Initial value of a slot: 0 for the sums; -1 for the ratio max (ratio > 0, so a max still at -1 at
+// the end means that no term was kept, and the statistic is reported as 1).
+template <typename acc_t>
+C10_HOST_DEVICE inline acc_t initial(int slot) {
+  return slot == kRatioMax ? acc_t(-1) : acc_t(0);
+}
+
 struct Args {
   at::Tensor logp, old_logp, advantages, weights, mte_mask;
   int64_t T, B, L;
@@ -60,10 +67,12 @@ C10_HOST_DEVICE inline acc_t clamped_log_ratio(acc_t logp, acc_t old_logp) {
   return log_ratio < -max_lr ? -max_lr : (log_ratio > max_lr ? max_lr : log_ratio);
 }
 
-// The weight of a term: weights[b, l] times 1/T on MTE tokens, else 1 for trajectory 0 and 0.
+// The weight of a term: weights[b, l] times 1/T on MTE tokens, else `rest` (1 for trajectory 0, 0 for
+// the others). Plain values, no struct members: a load in one branch of a select would keep the CPU
+// loop from vectorising.
 template <typename acc_t>
-C10_HOST_DEVICE inline acc_t term_weight(acc_t token_weight, bool mte, bool first, const Clip<acc_t>& clip) {
-  return token_weight * (mte ? clip.inv_T : acc_t(first ? 1 : 0));
+C10_HOST_DEVICE inline acc_t term_weight(acc_t token_weight, bool mte, acc_t inv_T, acc_t rest) {
+  return token_weight * (mte ? inv_T : rest);
 }
 
 // What one (trajectory, token) term adds to the loss and statistics, and d loss / d logp.
@@ -72,9 +81,10 @@ struct Term {
   acc_t grad, loss, clipped, kl, ratio, kept_ratio;  // kept_ratio: the ratio if w > 0, else -1
 };
 
+// ratio = exp(log_ratio), w the term's weight, [low, high] the ratio's clip range.
 template <typename acc_t>
-C10_HOST_DEVICE inline Term<acc_t> term(acc_t log_ratio, acc_t ratio, acc_t adv, acc_t w, const Clip<acc_t>& clip) {
-  const acc_t clamped = ratio < clip.low ? clip.low : (ratio > clip.high ? clip.high : ratio);
+C10_HOST_DEVICE inline Term<acc_t> term(acc_t log_ratio, acc_t ratio, acc_t adv, acc_t w, acc_t low, acc_t high) {
+  const acc_t clamped = ratio < low ? low : (ratio > high ? high : ratio);
   const acc_t unclipped = -adv * ratio;
   const acc_t clipped = -adv * clamped;
   const bool is_clipped = clipped > unclipped;  // the gradient is zero where the clipped branch wins

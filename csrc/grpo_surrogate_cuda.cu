@@ -28,13 +28,15 @@ __global__ void terms_kernel(const scalar_t* __restrict__ logp, const scalar_t* 
                              const acc_t* __restrict__ advantages, const acc_t* __restrict__ weights,
                              const bool* __restrict__ mte_mask, acc_t* __restrict__ grad, acc_t* __restrict__ partials,
                              int64_t n, int64_t B, int64_t L, Clip<acc_t> clip) {
-  acc_t sums[kSlots] = {0, 0, 0, -1, 0};  // ratio > 0: a max still at -1 means no term was kept
+  acc_t sums[kSlots];
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s) sums[s] = initial<acc_t>(s);
   const int64_t BL = B * L;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t bl = i % BL;  // i = (t * B + b) * L + l
     const acc_t log_ratio = clamped_log_ratio(acc_t(logp[i]), acc_t(old_logp[i]));
-    const acc_t w = term_weight(weights[bl], mte_mask[bl], i < BL, clip);
-    const Term<acc_t> e = term(log_ratio, std::exp(log_ratio), advantages[bl / L], w, clip);
+    const acc_t w = term_weight(weights[bl], mte_mask[bl], clip.inv_T, acc_t(i < BL ? 1 : 0));
+    const Term<acc_t> e = term(log_ratio, std::exp(log_ratio), advantages[bl / L], w, clip.low, clip.high);
     grad[i] = e.grad;
     sums[kLoss] += e.loss;
     sums[kClipFraction] += e.clipped;
@@ -51,7 +53,9 @@ __global__ void terms_kernel(const scalar_t* __restrict__ logp, const scalar_t* 
 template <typename acc_t>
 __global__ void finish_kernel(const acc_t* __restrict__ partials, int blocks, acc_t* __restrict__ loss,
                               acc_t* __restrict__ stats) {
-  acc_t sums[kSlots] = {0, 0, 0, -1, 0};
+  acc_t sums[kSlots];
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s) sums[s] = initial<acc_t>(s);
   const Combine combine;
   for (int p = threadIdx.x; p < blocks; p += blockDim.x) {
     for (int s = 0; s < kSlots; ++s) sums[s] = combine(s, sums[s], partials[p * kSlots + s]);
@@ -62,7 +66,7 @@ __global__ void finish_kernel(const acc_t* __restrict__ partials, int blocks, ac
     stats[kClipFraction] = sums[kClipFraction];
     stats[kApproxKl] = sums[kApproxKl];
     stats[kRatioMean] = sums[kRatioMean];
-    stats[kRatioMax] = sums[kRatioMax] < acc_t(0) ? acc_t(1) : sums[kRatioMax];  // no kept term: 1
+    stats[kRatioMax] = sums[kRatioMax] < acc_t(0) ? acc_t(1) : sums[kRatioMax];
   }
 }
 

@@ -27,7 +27,8 @@ bool before(const Entry<key_t>& a, const Entry<key_t>& b) {
   return a.key > b.key || (a.key == b.key && a.index < b.index);
 }
 
-int64_t grain(int64_t n) { return std::max<int64_t>(1, 65536 / std::max<int64_t>(n, 1)); }
+// rows per parallel task: about 16k scores
+int64_t grain(int64_t n) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1)); }
 
 template <typename scalar_t, typename acc_t, typename key_t>
 void row_keys(const scalar_t* row, int64_t n, key_t* keys) {

@@ -1,40 +1,86 @@
-// trajectory_std_fwd / _bwd on the CPU. Rows m are split across threads; for each row the K
-// trajectories are read twice (mean, then centred squares: the exact two-pass variance) in tiles of
-// channels kept on the stack, so the inner loops run over contiguous channels and vectorise.
+// trajectory_std_fwd / _bwd on the CPU. Rows m are split across threads and processed in blocks of
+// whole rows: for every element of a block, the exact two-pass mean and variance over the K
+// trajectories, as flat vectorised loops (AVX2 clones) over the block's contiguous elements.
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <vector>
 
+#include "cpu_math.h"
 #include "trajectory_std.h"
 
 namespace margrpo::trajectory_std {
 namespace {
 
-constexpr int64_t kTile = 64;  // channels per stack tile
+constexpr int64_t kBlockElements = 1024;
 
 int64_t grain(int64_t K, int64_t C) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(K * C, 1)); }
 
-// Mean and population std over K of one tile of channels [c0, c0 + n) of row m.
+int64_t block_rows(int64_t C) { return std::max<int64_t>(1, kBlockElements / std::max<int64_t>(C, 1)); }
+
+// Mean and population std over K of the n elements starting at `offset` of a [K, MC] tensor.
 template <typename scalar_t, typename acc_t>
-void tile_moments(const scalar_t* samples, int64_t K, int64_t MC, int64_t offset, int64_t n, acc_t* mean,
-                  acc_t* std) {
+MARGRPO_CPU_CLONES void moments(const scalar_t* samples, int64_t K, int64_t MC, int64_t offset, int64_t n, acc_t* mean, acc_t* std) {
   std::fill(mean, mean + n, acc_t(0));
   std::fill(std, std + n, acc_t(0));
   for (int64_t k = 0; k < K; ++k) {
     const scalar_t* p = samples + k * MC + offset;
-    for (int64_t j = 0; j < n; ++j) mean[j] += acc_t(p[j]);
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) mean[i] += acc_t(p[i]);
   }
-  for (int64_t j = 0; j < n; ++j) mean[j] /= acc_t(K);
+  // divisions (not products with 1/K) keep the mean of K equal samples exactly that sample
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) mean[i] /= acc_t(K);
   for (int64_t k = 0; k < K; ++k) {
     const scalar_t* p = samples + k * MC + offset;
-    for (int64_t j = 0; j < n; ++j) {
-      const acc_t d = acc_t(p[j]) - mean[j];
-      std[j] += d * d;
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) {
+      const acc_t d = acc_t(p[i]) - mean[i];
+      std[i] += d * d;
     }
   }
-  for (int64_t j = 0; j < n; ++j) std[j] = std::sqrt(std[j] / acc_t(K));
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) std[i] = std::sqrt(std[i] / acc_t(K));
+}
+
+template <typename scalar_t, typename acc_t>
+void fwd_rows(const scalar_t* samples, acc_t* out, int64_t K, int64_t M, int64_t C, int64_t begin, int64_t end) {
+  const int64_t rows_per_block = block_rows(C);
+  std::vector<acc_t> mean(rows_per_block * C), std(rows_per_block * C);
+  const acc_t inv_C = acc_t(1) / acc_t(C);  // C == 0: 0 * inf = NaN, the mean over no channels
+  for (int64_t m0 = begin; m0 < end; m0 += rows_per_block) {
+    const int64_t rows = std::min(rows_per_block, end - m0);
+    moments<scalar_t, acc_t>(samples, K, M * C, m0 * C, rows * C, mean.data(), std.data());
+    cpu::row_sums(std.data(), rows, C, inv_C, out + m0);
+  }
+}
+
+template <typename scalar_t, typename acc_t>
+MARGRPO_CPU_CLONES void bwd_rows(const acc_t* grad_out, const scalar_t* samples, acc_t* grad, int64_t K, int64_t M,
+                                 int64_t C, int64_t begin, int64_t end) {
+  const int64_t rows_per_block = block_rows(C);
+  std::vector<acc_t> mean(rows_per_block * C), std(rows_per_block * C);
+  const int64_t MC = M * C;
+  for (int64_t m0 = begin; m0 < end; m0 += rows_per_block) {
+    const int64_t rows = std::min(rows_per_block, end - m0), n = rows * C, offset = m0 * C;
+    moments<scalar_t, acc_t>(samples, K, MC, offset, n, mean.data(), std.data());
+    // d std / d sample = (sample - mean) / (K std), times grad_out / C; 0 where the std is 0.
+    // The std buffer becomes that per-element scale.
+    for (int64_t r = 0; r < rows; ++r) {
+      const acc_t row_grad = grad_out[m0 + r] / acc_t(C);
+      acc_t* s = std.data() + r * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) s[c] = s[c] > 0 ? row_grad / (acc_t(K) * s[c]) : acc_t(0);
+    }
+    for (int64_t k = 0; k < K; ++k) {
+      const scalar_t* p = samples + k * MC + offset;
+      acc_t* q = grad + k * MC + offset;
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) q[i] = (acc_t(p[i]) - mean[i]) * std[i];
+    }
+  }
 }
 
 at::Tensor fwd_cpu(const at::Tensor& samples_in) {
@@ -43,19 +89,8 @@ at::Tensor fwd_cpu(const at::Tensor& samples_in) {
   at::Tensor out = at::empty({M}, samples.options().dtype(acc_dtype(samples.scalar_type())));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, samples.scalar_type(), "trajectory_std_fwd", [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    const scalar_t* s = samples.data_ptr<scalar_t>();
-    acc_t* o = out.data_ptr<acc_t>();
     at::parallel_for(0, M, grain(K, C), [&](int64_t begin, int64_t end) {
-      acc_t mean[kTile], std[kTile];
-      for (int64_t m = begin; m < end; ++m) {
-        acc_t row = 0;
-        for (int64_t c0 = 0; c0 < C; c0 += kTile) {
-          const int64_t n = std::min(kTile, C - c0);
-          tile_moments<scalar_t, acc_t>(s, K, M * C, m * C + c0, n, mean, std);
-          for (int64_t j = 0; j < n; ++j) row += std[j];
-        }
-        o[m] = row / acc_t(C);  // C == 0 gives NaN, like the mean of an empty tensor
-      }
+      fwd_rows<scalar_t, acc_t>(samples.data_ptr<scalar_t>(), out.data_ptr<acc_t>(), K, M, C, begin, end);
     });
   });
   return out;
@@ -69,26 +104,9 @@ at::Tensor bwd_cpu(const at::Tensor& grad_out, const at::Tensor& samples_in) {
   at::Tensor grad = at::empty({K, M, C}, samples.options().dtype(g.scalar_type()));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, samples.scalar_type(), "trajectory_std_bwd", [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    const scalar_t* s = samples.data_ptr<scalar_t>();
-    const acc_t* go = g.data_ptr<acc_t>();
-    acc_t* gs = grad.data_ptr<acc_t>();
     at::parallel_for(0, M, grain(K, C), [&](int64_t begin, int64_t end) {
-      acc_t mean[kTile], std[kTile], scale[kTile];
-      for (int64_t m = begin; m < end; ++m) {
-        const acc_t row_grad = go[m] / acc_t(C);
-        for (int64_t c0 = 0; c0 < C; c0 += kTile) {
-          const int64_t n = std::min(kTile, C - c0);
-          const int64_t offset = m * C + c0;
-          tile_moments<scalar_t, acc_t>(s, K, M * C, offset, n, mean, std);
-          // d std / d sample = (sample - mean) / (K std); defined as 0 where the std is 0
-          for (int64_t j = 0; j < n; ++j) scale[j] = std[j] > 0 ? row_grad / (acc_t(K) * std[j]) : acc_t(0);
-          for (int64_t k = 0; k < K; ++k) {
-            const scalar_t* p = s + k * M * C + offset;
-            acc_t* q = gs + k * M * C + offset;
-            for (int64_t j = 0; j < n; ++j) q[j] = (acc_t(p[j]) - mean[j]) * scale[j];
-          }
-        }
-      }
+      bwd_rows<scalar_t, acc_t>(g.data_ptr<acc_t>(), samples.data_ptr<scalar_t>(), grad.data_ptr<acc_t>(), K, M, C,
+                                begin, end);
     });
   });
   return grad;

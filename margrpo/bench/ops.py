@@ -1,8 +1,9 @@
 """Benchmark of the fused ops against the unfused PyTorch a MAR codebase writes today.
 
 For every op and shape it times: `eager` (the unfused chain), `compile` (torch.compile of that same
-chain) and `margrpo[<backend>]` (the public op of margrpo.ops on each backend that runs on the
-device). Medians after warmup: time.perf_counter on CPU, CUDA events (triton.testing.do_bench when
+chain), `margrpo[<backend>]` (the public op of margrpo.ops on each backend that runs on the device)
+and `kernel[cpp|cuda]` (the extension's kernels called directly on the kernel layouts, without the
+public op layer). Medians after warmup: time.perf_counter on CPU, CUDA events (triton.testing.do_bench when
 available) on CUDA. Inputs are fresh random tensors, never zeros.
 
     python -m margrpo.bench.ops --device cpu --json results.json
@@ -15,6 +16,7 @@ variants have 16x the images. Every op reads the shape its own way (see `make_in
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import platform
@@ -147,6 +149,38 @@ def _fused(op: str) -> Callable[[Inputs], object]:
     )
 
 
+def _kernel_level(op: str) -> Callable[[Inputs], object]:
+    """The same computation as the fused op, calling torch.ops.margrpo.* on the kernel layouts of
+    docs/CONTRACTS.md directly: the kernels' cost without the public op layer's Python."""
+    k = torch.ops.margrpo
+
+    def flat(t: torch.Tensor) -> torch.Tensor:
+        return t.reshape(-1, t.shape[-1])
+
+    if op == "gaussian_logprob":
+        return lambda t: k.gaussian_logprob_fwd(flat(t["x"]), flat(t["mean"]), flat(t["std"]), 1)
+    if op == "trajectory_std+topk_mask":
+
+        def std_topk(t: Inputs) -> torch.Tensor:
+            s = t["samples"]
+            scores = k.trajectory_std_fwd(s.reshape(s.shape[0], -1, s.shape[-1])).reshape(s.shape[1:-1])
+            return k.topk_mask_fwd(scores, math.floor(TOPK_RATIO * scores.shape[-1]))
+
+        return std_topk
+    if op == "consistency_mask":
+        return lambda t: k.consistency_mask_fwd(flat(t["prev"]), flat(t["cur"]), flat(t["final"]), THRESHOLD).reshape(
+            t["cur"].shape[:-1]
+        )
+
+    def surrogate(t: Inputs) -> torch.Tensor:
+        mask = t["mask"].float()
+        weights = mask / mask.sum().clamp_min(1.0)  # token_mean aggregation
+        logp = t["logp"].detach()
+        return k.grpo_surrogate_fwd(logp, t["old_logp"], t["advantages"], weights, t["mte_mask"], CLIP_EPS, CLIP_EPS)[2]
+
+    return surrogate
+
+
 def _backends_on(device: torch.device) -> list[str]:
     """The margrpo backends that run on `device` in this installation (triton only on a GPU)."""
     try:
@@ -160,7 +194,8 @@ def _backends_on(device: torch.device) -> list[str]:
 
 
 def implementations(op: str, device: torch.device, compile: bool = True) -> dict[str, Callable[[Inputs], object]]:
-    """impl name -> callable(inputs) for `op` on `device`: eager, compile, margrpo[<backend>]."""
+    """impl name -> callable(inputs) for `op` on `device`: eager, compile, margrpo[<backend>] (the
+    public op) and kernel[cpp|cuda] (the extension's kernels called directly)."""
     eager = _EAGER[op]
     impls: dict[str, Callable[[Inputs], object]] = {}
     needs_grad = op == "grpo_surrogate"
@@ -178,6 +213,8 @@ def implementations(op: str, device: torch.device, compile: bool = True) -> dict
                 return fused(t)
 
         impls[f"margrpo[{backend}]"] = _with_backward(call) if needs_grad else call
+        if backend in ("cpp", "cuda"):
+            impls[f"kernel[{backend}]"] = _kernel_level(op)  # grpo: the kernel returns the gradient itself
     return impls
 
 
@@ -201,7 +238,8 @@ def median_ms(fns: dict[str, Callable[[], object]], device: torch.device, min_ti
 
     CPU: the functions run interleaved, one call of each per round, until the rounds took about
     min_time_s per function (at least 5 rounds): on a shared machine every implementation then sees
-    the same load, so the ratios stay meaningful when the absolute times are not.
+    the same load, so the ratios stay meaningful when the absolute times are not. The garbage
+    collector is off while timing (as in timeit).
     CUDA: triton.testing.do_bench (CUDA events) per function, median.
     """
     if device.type == "cuda":
@@ -211,14 +249,21 @@ def median_ms(fns: dict[str, Callable[[], object]], device: torch.device, min_ti
             fn()
     times: dict[str, list[float]] = {name: [] for name in fns}
     budget = min_time_s * len(fns)
-    start_all = time.perf_counter()
-    rounds = 0
-    while rounds < 5 or (time.perf_counter() - start_all < budget and rounds < 1000):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-        rounds += 1
+    gc_was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()  # as timeit does: a collection of the whole torch object graph is not the op's cost
+    try:
+        start_all = time.perf_counter()
+        rounds = 0
+        while rounds < 5 or (time.perf_counter() - start_all < budget and rounds < 2000):
+            for name, fn in fns.items():
+                start = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - start)
+            rounds += 1
+    finally:
+        if gc_was_enabled:
+            gc.enable()
     return {name: 1000.0 * statistics.median(t) for name, t in times.items()}
 
 
@@ -324,9 +369,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated subset of: " + ", ".join(SHAPES))
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile column")
     parser.add_argument("--min-time", type=float, default=0.3, help="seconds of timed calls per measurement")
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads for the CPU run (default: torch's)")
     parser.add_argument("--json", help="write the rows and the machine description to this file")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     rows = run(
         _split(args.ops, OPS, "ops"),
         _split(args.shapes, tuple(SHAPES), "shapes"),
