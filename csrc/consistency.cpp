@@ -1,5 +1,5 @@
 // consistency_mask_fwd on the CPU: one pass over the three [M, C] inputs, rows split across threads;
-// per row five fused sums (cur.final, prev.final, |cur|^2, |prev|^2, |final|^2), vectorised (AVX2 clones).
+// per row five fused sums (cur.final, prev.final, |cur|^2, |prev|^2, |final|^2), vectorised across rows.
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>

@@ -1,8 +1,11 @@
-// What the CPU kernels' inner loops need to vectorise: AVX2 clones of the hot functions, and log / exp
-// that inline into `#pragma omp simd` loops. glibc's logf/expf are calls the compiler cannot
-// vectorise, which leaves a one-pass kernel slower than torch's vectorised (Sleef) eager ops; the
-// branch-free float versions here are the Cephes polynomials (about 1 ulp). double keeps std::log /
-// std::exp: fp64 is the exact reference path of the tests. (Needs -fno-trapping-math, see setup.py.)
+// What the CPU kernels' inner loops need to vectorise:
+// - MARGRPO_CPU_CLONES: CPU-specific clones of every function with a hot loop;
+// - log_fast / exp_fast: glibc's logf/expf are calls the compiler cannot vectorise, which leaves a
+//   one-pass kernel slower than torch's vectorised (Sleef) eager ops; the float versions here are the
+//   branch-free Cephes polynomials (about 1 ulp) and inline into `#pragma omp simd` loops. double
+//   keeps std::log / std::exp: fp64 is the exact reference path of the tests;
+// - row_sums: sums of short rows without a horizontal add per row.
+// GCC vectorises the selects here only with -fno-trapping-math (see setup.py).
 #pragma once
 
 #include <bit>

@@ -1,5 +1,5 @@
 // gaussian_logprob_fwd / _bwd on the CPU: one pass over rows [R, C], rows split across threads,
-// vectorised loops (AVX2 clones, polynomial log), fp32 (fp64) accumulation.
+// vectorised loops (CPU-specific clones, polynomial log), fp32 (fp64) accumulation.
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -15,7 +15,7 @@ namespace {
 // rows per parallel task: about 16k elements, so small calls stay on one thread
 int64_t grain(int64_t channels) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(channels, 1)); }
 
-constexpr int64_t kBlockElements = 1024;  // per-element-std rows are processed in blocks of this size
+constexpr int64_t kBlockElements = 1024;  // rows are processed in blocks of about this many elements
 
 // Log-density of n elements with per-element std, as one flat vectorised loop with the polynomial
 // log. Returns false (and leaves `elems` unspecified) when some std is not a normal positive float.

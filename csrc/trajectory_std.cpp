@@ -1,6 +1,6 @@
 // trajectory_std_fwd / _bwd on the CPU. Rows m are split across threads and processed in blocks of
 // whole rows: for every element of a block, the exact two-pass mean and variance over the K
-// trajectories, as flat vectorised loops (AVX2 clones) over the block's contiguous elements.
+// trajectories, as flat vectorised loops over the block's contiguous elements.
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>

@@ -264,6 +264,26 @@ def test_grpo_surrogate_cpu_empty_and_nothing_kept(gen, poison_uninitialized):
     assert loss.item() == 0 and stats[3].item() == 1.0 and not grad.any()
 
 
+def test_cpu_log_and_exp_are_accurate_over_their_whole_range(gen):
+    # the fp32 CPU kernels use polynomial log / exp (csrc/cpu_math.h): check them over every magnitude
+    # log: with x == mean the element is -log(std) - log(sqrt(2 pi)); std spans 1e-37 .. 1e37
+    std = torch.exp(torch.empty(4096, 1, dtype=torch.float64).uniform_(-85.0, 85.0, generator=gen)).float()
+    std = std.expand(4096, 16).contiguous()
+    x = torch.randn(4096, 16, generator=gen)
+    out = K.gaussian_logprob_fwd(x, x, std, ref.REDUCE_NONE)
+    torch.testing.assert_close(out, ref.gaussian_logprob_fwd(x, x, std, ref.REDUCE_NONE), rtol=2e-7, atol=2e-7)
+    # exp: with no clipping the gradient is -w A r, r = exp(logp - old) over the whole clamp range
+    T, B, L = 1, 2, 4096
+    old = torch.zeros(T, B, L)
+    logp = torch.empty(T, B, L).uniform_(-21.0, 21.0, generator=gen)
+    adv = torch.tensor([-1.0, 1.0])
+    weights = torch.ones(B, L)
+    mte = torch.zeros(B, L, dtype=torch.bool)
+    args = (logp, old, adv, weights, mte, 1.0, 1e30)
+    grad = K.grpo_surrogate_fwd(*args)[2]
+    torch.testing.assert_close(grad, ref.grpo_surrogate_fwd(*args)[2], rtol=1e-6, atol=0)
+
+
 def test_errors_name_the_argument():
     x = torch.zeros(4, 16)
     with pytest.raises(RuntimeError, match=r"gaussian_logprob_fwd: mean must have the shape of x \[4, 16\]"):

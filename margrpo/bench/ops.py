@@ -19,6 +19,7 @@ import argparse
 import gc
 import json
 import math
+import os
 import platform
 import statistics
 import sys
@@ -158,7 +159,9 @@ def _kernel_level(op: str) -> Callable[[Inputs], object]:
         return t.reshape(-1, t.shape[-1])
 
     if op == "gaussian_logprob":
-        return lambda t: k.gaussian_logprob_fwd(flat(t["x"]), flat(t["mean"]), flat(t["std"]), 1)
+        return lambda t: k.gaussian_logprob_fwd(flat(t["x"]), flat(t["mean"]), flat(t["std"]), 1).reshape(
+            t["x"].shape[:-1]
+        )
     if op == "trajectory_std+topk_mask":
 
         def std_topk(t: Inputs) -> torch.Tensor:
@@ -340,11 +343,22 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown")
+    except OSError:
+        return platform.processor() or "unknown"
+
+
 def machine_description(device: torch.device) -> dict[str, object]:
+    """What the numbers were measured on: CPU model and cores, threads used, versions, GPU."""
     info: dict[str, object] = {
         "platform": platform.platform(),
         "machine": platform.machine(),
-        "cpu_threads": torch.get_num_threads(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "python": platform.python_version(),
     }
