@@ -3,8 +3,9 @@
 For every op and shape it times: `eager` (the unfused chain), `compile` (torch.compile of that same
 chain), `margrpo[<backend>]` (the public op of margrpo.ops on each backend that runs on the device)
 and `kernel[cpp|cuda]` (the extension's kernels called directly on the kernel layouts, without the
-public op layer). Medians after warmup: time.perf_counter on CPU, CUDA events (triton.testing.do_bench when
-available) on CUDA. Inputs are fresh random tensors, never zeros.
+public op layer). Medians and minima after warmup: time.perf_counter on CPU (implementations
+interleaved), CUDA events (triton.testing.do_bench when available) on CUDA. Inputs are fresh random
+tensors, never zeros, and every implementation's output is first checked against eager's.
 
     python -m margrpo.bench.ops --device cpu --json results.json
     margrpo bench ops --ops gaussian_logprob --shapes steps,steps-x16
@@ -235,18 +236,18 @@ def assert_agrees(op: str, got: object, expected: object) -> None:
 
 
 # ---------------------------------------------------------------- timing
-def median_ms(fns: dict[str, Callable[[], object]], device: torch.device, min_time_s: float = 0.3,
-              warmup: int = 3) -> dict[str, float]:
-    """Median wall time in milliseconds of each fn() after `warmup` calls.
+def time_ms(fns: dict[str, Callable[[], object]], device: torch.device, min_time_s: float = 0.3,
+            warmup: int = 3, min_rounds: int = 10) -> dict[str, tuple[float, float]]:
+    """(median, min) wall time in milliseconds of each fn() after `warmup` calls.
 
     CPU: the functions run interleaved, one call of each per round, until the rounds took about
-    min_time_s per function (at least 5 rounds): on a shared machine every implementation then sees
-    the same load, so the ratios stay meaningful when the absolute times are not. The garbage
-    collector is off while timing (as in timeit).
-    CUDA: triton.testing.do_bench (CUDA events) per function, median.
+    min_time_s per function (at least `min_rounds` rounds): on a shared machine every implementation
+    then sees the same load, so the ratios stay meaningful when the absolute times are not; the min
+    is the least disturbed call. The garbage collector is off while timing (as in timeit).
+    CUDA: triton.testing.do_bench (CUDA events) per function.
     """
     if device.type == "cuda":
-        return {name: _median_cuda(fn, min_time_s) for name, fn in fns.items()}
+        return {name: _time_cuda(fn, min_time_s) for name, fn in fns.items()}
     for fn in fns.values():
         for _ in range(warmup):
             fn()
@@ -258,7 +259,7 @@ def median_ms(fns: dict[str, Callable[[], object]], device: torch.device, min_ti
     try:
         start_all = time.perf_counter()
         rounds = 0
-        while rounds < 5 or (time.perf_counter() - start_all < budget and rounds < 2000):
+        while rounds < min_rounds or (time.perf_counter() - start_all < budget and rounds < 2000):
             for name, fn in fns.items():
                 start = time.perf_counter()
                 fn()
@@ -267,16 +268,18 @@ def median_ms(fns: dict[str, Callable[[], object]], device: torch.device, min_ti
     finally:
         if gc_was_enabled:
             gc.enable()
-    return {name: 1000.0 * statistics.median(t) for name, t in times.items()}
+    return {name: (1000.0 * statistics.median(t), 1000.0 * min(t)) for name, t in times.items()}
 
 
-def _median_cuda(fn: Callable[[], object], min_time_s: float) -> float:
+def _time_cuda(fn: Callable[[], object], min_time_s: float) -> tuple[float, float]:
     try:
         from triton.testing import do_bench
     except ImportError:
         do_bench = None
     if do_bench is not None:
-        return float(do_bench(fn, warmup=25, rep=max(25, int(min_time_s * 1000)), return_mode="median"))
+        rep = max(25, int(min_time_s * 1000))
+        return (float(do_bench(fn, warmup=25, rep=rep, return_mode="median")),
+                float(do_bench(fn, warmup=0, rep=rep, return_mode="min")))  # fmt: skip
     for _ in range(10):
         fn()
     torch.cuda.synchronize()
@@ -289,7 +292,7 @@ def _median_cuda(fn: Callable[[], object], min_time_s: float) -> float:
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return statistics.median(times), min(times)
 
 
 @dataclass
@@ -300,6 +303,7 @@ class Row:
     impl: str
     device: str
     median_ms: float
+    min_ms: float
     speedup: float  # eager median / this median (side by side in one run)
 
 
@@ -325,21 +329,23 @@ def run(
             expected = impls["eager"](inputs)
             for impl, fn in impls.items():
                 assert_agrees(op, fn(inputs), expected)
-            times = median_ms({impl: (lambda fn=fn: fn(inputs)) for impl, fn in impls.items()}, device, min_time_s)
-            if log:
-                for impl, ms in times.items():
-                    log(f"{op:<26} {shape_name:<11} {impl:<16} {ms:10.3f} ms")
-            for impl, ms in times.items():
-                rows.append(Row(op, shape_name, list(dims), impl, device.type, ms, times["eager"] / ms))
+            times = time_ms({impl: (lambda fn=fn: fn(inputs)) for impl, fn in impls.items()}, device, min_time_s)
+            eager_median = times["eager"][0]
+            for impl, (median, fastest) in times.items():
+                if log:
+                    log(f"{op:<26} {shape_name:<11} {impl:<16} {median:10.3f} ms (min {fastest:.3f})")
+                rows.append(Row(op, shape_name, list(dims), impl, device.type, median, fastest, eager_median / median))
     return rows
 
 
 def format_table(rows: list[Row]) -> str:
-    """A markdown table: op, shape, impl, median, speedup vs eager."""
-    lines = ["| op | shape | impl | median (ms) | speedup vs eager |", "|---|---|---|---:|---:|"]
+    """A markdown table: op, shape, impl, median, min, speedup vs eager (medians)."""
+    lines = ["| op | shape | impl | median (ms) | min (ms) | speedup vs eager |", "|---|---|---|---:|---:|---:|"]
     for r in rows:
         dims = "x".join(str(d) for d in r.dims)
-        lines.append(f"| {r.op} | {r.shape} [{dims}] | {r.impl} | {r.median_ms:.3f} | {r.speedup:.2f}x |")
+        lines.append(
+            f"| {r.op} | {r.shape} [{dims}] | {r.impl} | {r.median_ms:.3f} | {r.min_ms:.3f} | {r.speedup:.2f}x |"
+        )
     return "\n".join(lines)
 
 
