@@ -39,17 +39,14 @@ class SampleConfig:
     temperature: float = 1.0
 
     def rollout_config(self) -> RolloutConfig:
-        """Generation only: nothing is recorded for a likelihood."""
-        return RolloutConfig(
-            num_mask_steps=self.num_mask_steps, schedule=self.schedule, cfg_scale=self.cfg_scale,
-            cfg_schedule=self.cfg_schedule, temperature=self.temperature, num_seeds=0, record_mask_steps=0,
-            record_diffusion_steps=1,
-        )
+        """These settings as a RolloutConfig that records nothing for a likelihood."""
+        return generation_only(RolloutConfig(**dataclasses.asdict(self)))
 
 
 def generation_only(config: RolloutConfig) -> RolloutConfig:
     """The same generation settings with every recording option off (no seeds, no likelihood)."""
-    return dataclasses.replace(config, num_seeds=0, record_mask_steps=0, likelihood_positions="revealed")
+    return dataclasses.replace(config, num_seeds=0, record_mask_steps=0, record_diffusion_steps=1,
+                               likelihood_positions="revealed")
 
 
 @torch.no_grad()

@@ -47,6 +47,7 @@ class TinyMARConfig:
     head_depth: int = 3
     diffusion_steps: int = 20  # sampling steps of the head's DDPM chain (training uses all 1000)
     noise_schedule: str = "cosine"
+    relative_position_bias: bool = False  # learned 2D relative attention bias between image tokens
 
     def __post_init__(self) -> None:
         positive = ("image_size", "patch_size", "width", "depth", "num_heads", "max_prompt_words",
@@ -59,6 +60,8 @@ class TinyMARConfig:
             raise ValueError(f"patch_size: got {self.patch_size}, expected a divisor of image_size {self.image_size}")
         if self.width % self.num_heads:
             raise ValueError(f"num_heads: got {self.num_heads}, expected a divisor of width {self.width}")
+        if not isinstance(self.relative_position_bias, bool):
+            raise ValueError(f"relative_position_bias: got {self.relative_position_bias!r}, expected true or false")
         if self.noise_schedule not in ("cosine", "linear"):
             raise ValueError(f"noise_schedule: got {self.noise_schedule!r}, expected 'cosine' or 'linear'")
 
@@ -123,23 +126,52 @@ class WordTokenizer:
         return ids, ids != 0
 
 
-class Block(nn.Module):
-    """Pre-LayerNorm transformer block: bidirectional self-attention (padding masked) + GELU MLP."""
+class RelativePositionBias(nn.Module):
+    """Learned per-head attention bias between image tokens by their grid offset (dy, dx), as in Swin.
 
-    def __init__(self, width: int, num_heads: int, mlp_ratio: float):
+    Initialised to -slope_h * distance (a 2D ALiBi): head 0 starts global (slope 0), the others
+    increasingly local, so completing a shape from its neighbours is easy from the first step.
+    Attention to and from prompt tokens gets no bias.
+    """
+
+    def __init__(self, grid: int, num_heads: int, max_slope: float = 2.0):
+        super().__init__()
+        span = 2 * grid - 1
+        offsets = torch.arange(span, dtype=torch.float32) - (grid - 1)
+        distance = (offsets[:, None] ** 2 + offsets[None, :] ** 2).sqrt()  # [span, span]
+        slopes = torch.tensor([0.0] + [max_slope * 2.0 ** (h + 1 - num_heads) for h in range(1, num_heads)])
+        self.table = nn.Parameter(-slopes[:, None, None] * distance)  # [H, span, span]
+        rows, cols = torch.meshgrid(torch.arange(grid), torch.arange(grid), indexing="ij")
+        rows, cols = rows.flatten(), cols.flatten()
+        index = (rows[:, None] - rows[None, :] + grid - 1) * span + (cols[:, None] - cols[None, :] + grid - 1)
+        self.register_buffer("index", index, persistent=False)  # [N, N] into the flattened table
+
+    def forward(self, prompt_length: int) -> torch.Tensor:
+        """[H, L + N, L + N] additive attention bias for a sequence of L prompt then N image tokens."""
+        image = self.table.flatten(1)[:, self.index]
+        return F.pad(image, (prompt_length, 0, prompt_length, 0))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block: bidirectional self-attention (padding masked, optionally with a
+    relative position bias over image tokens) + GELU MLP."""
+
+    def __init__(self, width: int, num_heads: int, mlp_ratio: float, grid: int | None):
         super().__init__()
         self.num_heads = num_heads
         self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
         self.qkv = nn.Linear(width, 3 * width)
         self.proj = nn.Linear(width, width)
+        self.position_bias = RelativePositionBias(grid, num_heads) if grid else None
         hidden = int(width * mlp_ratio)
         self.mlp = nn.Sequential(nn.Linear(width, hidden), nn.GELU(), nn.Linear(hidden, width))
 
-    def forward(self, x: torch.Tensor, attend: torch.Tensor) -> torch.Tensor:
-        """x [B, S, D]; attend bool [B, 1, 1, S] (False = padding, never attended to)."""
+    def forward(self, x: torch.Tensor, padding: torch.Tensor, prompt_length: int) -> torch.Tensor:
+        """x [B, L + N, D] (prompt then image tokens); padding [B, 1, 1, L + N] additive (-inf = pad)."""
         batch, length, width = x.shape
         q, k, v = self.qkv(self.norm1(x)).view(batch, length, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
-        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=attend)
+        bias = padding if self.position_bias is None else padding + self.position_bias(prompt_length).to(x.dtype)
+        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
         x = x + self.proj(attn.transpose(1, 2).reshape(batch, length, width))
         return x + self.mlp(self.norm2(x))
 
@@ -158,7 +190,10 @@ class TinyMAR(nn.Module):
         self.token_embed = nn.Linear(self.token_channels, config.width)
         self.mask_token = nn.Parameter(torch.zeros(config.width))
         self.image_pos = nn.Parameter(torch.zeros(self.num_tokens, config.width))
-        self.blocks = nn.ModuleList(Block(config.width, config.num_heads, config.mlp_ratio) for _ in range(config.depth))
+        bias_grid = config.grid if config.relative_position_bias else None
+        self.blocks = nn.ModuleList(
+            Block(config.width, config.num_heads, config.mlp_ratio, bias_grid) for _ in range(config.depth)
+        )
         self.norm = nn.LayerNorm(config.width)
         self._init_weights()
         # created after the init above: the head keeps its own (adaLN-Zero) initialisation
@@ -198,10 +233,12 @@ class TinyMAR(nn.Module):
         dtype = self.token_embed.weight.dtype
         image = torch.where(known[..., None], self.token_embed(canvas.to(dtype)), self.mask_token) + self.image_pos
         x = torch.cat([prompts.embeds.to(dtype), image], 1)
+        prompt_length = prompts.embeds.shape[1]
         attend = torch.cat([prompts.mask, known.new_ones(batch, self.num_tokens)], 1)[:, None, None, :]
+        padding = torch.zeros(attend.shape, dtype=dtype, device=x.device).masked_fill(~attend, float("-inf"))
         for block in self.blocks:
-            x = block(x, attend)
-        return self.norm(x[:, prompts.embeds.shape[1] :])
+            x = block(x, padding, prompt_length)
+        return self.norm(x[:, prompt_length:])
 
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [B, N, C] in [-1, 1] -> images float [B, 3, H, W] in [0, 1]."""

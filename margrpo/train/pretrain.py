@@ -41,15 +41,15 @@ class PretrainConfig:
     """The `pretrain:` section."""
 
     out: Optional[str] = None  # checkpoint directory to write; None = model.path
-    steps: int = 1500
+    steps: int = 2500
     batch_size: int = 32
-    lr: float = 1e-3
+    lr: float = 2e-3
     min_lr_ratio: float = 0.1  # cosine decay ends at lr * min_lr_ratio
-    warmup_steps: int = 100
+    warmup_steps: int = 200
     weight_decay: float = 0.02
     adam_beta2: float = 0.95
     grad_clip: float = 1.0
-    diffusion_batch_mul: int = 4  # timesteps sampled per masked token per step (MAR's name)
+    diffusion_batch_mul: int = 2  # timesteps sampled per masked token per step (MAR's name)
     mask_ratio: Literal["cosine", "truncnorm"] = "cosine"
     mask_ratio_min: float = 0.7  # lower bound of MAR's truncated normal (mean 1, std 0.25)
     prompt_dropout: float = 0.1
@@ -59,7 +59,7 @@ class PretrainConfig:
     final_eval_per_category: int = 32  # ... in the final eval (reported in pretrain_metrics.json)
     sampling: SampleConfig = field(default_factory=SampleConfig)  # generation settings of the evals
     seed: int = 0
-    threads: int = 0  # torch threads; 0 = torch's default
+    threads: int = 1  # torch threads (0 = torch's default); 1 is bit-reproducible and shares a CPU well
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "diffusion_batch_mul", "eval_per_category", "final_eval_per_category"):
