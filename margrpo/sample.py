@@ -112,7 +112,7 @@ def _shapes_summary(images: torch.Tensor, prompts: list[str]) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="margrpo sample", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", required=True, help="YAML config (model: and rollout: or pretrain.sampling sections)")
+    parser.add_argument("--config", required=True, help="YAML config (model:, and rollout: or pretrain.sampling)")
     parser.add_argument("--prompts", required=True, help="text file, one prompt per line")
     parser.add_argument("--out", required=True, help="output directory for the PNG grids")
     parser.add_argument("--checkpoint", help="checkpoint directory (default: the config's model.path)")

@@ -143,7 +143,8 @@ def test_wrong_shape_checkpoint_lists_the_mismatches(tmp_path):
     config = json.loads((tmp_path / "ckpt" / "config.json").read_text())
     config["width"] = 32  # the weights are width 16
     (tmp_path / "ckpt" / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match=r"shape mismatches: .*word_embed.weight: checkpoint \(\d+, 16\), model \(\d+, 32\)"):
+    expected = r"shape mismatches: .*word_embed.weight: checkpoint \(\d+, 16\), model \(\d+, 32\)"
+    with pytest.raises(ValueError, match=expected):
         TinyMAR.load(tmp_path / "ckpt")
 
 

@@ -1,13 +1,14 @@
 """The exact ShapesWorld verifier: parse images into objects and score them against their prompts.
 
 Parsing: every pixel takes the nearest of the palette colors or the black background; each color's
-pixels are split into 8-connected components (label propagation with max-pooling, batched over images
-and colors). A component is an object only if it looks like one: at least MIN_AREA pixels (at
-32x32, scaled with the image area), a bounding box at least MIN_SIDE pixels wide and high with an
-aspect ratio within MAX_ASPECT, and a fill ratio of at least MIN_FILL (rendered shapes fill 0.57 to
-1 of their box; speckle and noise blobs are thin or ragged). A component's shape is the nearest prototype in
-(fill ratio = area / bounding-box area, vertical asymmetry = how far below the box middle its centroid
-lies): squares fill their box, circles about 0.8 of it, upward triangles about 0.6 with a low centroid.
+pixels are split into 8-connected components (label propagation by 3x3 max-pooling plus pointer
+jumping, batched over images and colors; 64 images take 0.05-0.1 s on one core). A component is
+an object only if it looks like one: at least MIN_AREA pixels (at 32x32, scaled with the image
+area), a bounding box at least MIN_SIDE pixels wide and high with an aspect ratio within MAX_ASPECT,
+and a fill ratio of at least MIN_FILL (rendered shapes fill 0.57 to 1 of their box; speckle and noise
+blobs are thin or ragged). A component's shape is the nearest prototype in (fill ratio = area /
+bounding-box area, vertical asymmetry = how far below the box middle its centroid lies): squares
+fill their box, circles about 0.8 of it, upward triangles about 0.6 with a low centroid.
 
 Scores, each a float tensor [B] in [0, 1]:
   color    mean over the colors the prompt names of min(#objects of that color, #asked) / #asked
