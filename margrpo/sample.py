@@ -78,6 +78,7 @@ def caption_row(images: torch.Tensor, caption: str) -> Image.Image:
 
 
 def stack_rows(rows: list[Image.Image]) -> Image.Image:
+    """The rows one under the other on a white background."""
     grid = Image.new("RGB", (max(r.width for r in rows), sum(r.height for r in rows)), "white")
     top = 0
     for row in rows:
@@ -111,6 +112,7 @@ def _shapes_summary(images: torch.Tensor, prompts: list[str]) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`margrpo sample --config FILE --prompts FILE --out DIR [...]` (see the module docstring)."""
     parser = argparse.ArgumentParser(prog="margrpo sample", description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="YAML config (model:, and rollout: or pretrain.sampling)")
     parser.add_argument("--prompts", required=True, help="text file, one prompt per line")

@@ -72,14 +72,17 @@ class TinyMARConfig:
 
     @property
     def grid(self) -> int:
+        """Tokens per image side."""
         return self.image_size // self.patch_size
 
     @property
     def num_tokens(self) -> int:
+        """N, tokens per image."""
         return self.grid**2
 
     @property
     def token_channels(self) -> int:
+        """C, channels per token (a patch's pixels)."""
         return 3 * self.patch_size**2
 
 
@@ -225,6 +228,7 @@ class TinyMAR(nn.Module):
         return PromptBatch(self.word_embed(ids) + self.prompt_pos[: ids.shape[1]], mask)
 
     def negative_prompt(self) -> str:
+        """The unconditional prompt of CFG (also the dropped-prompt text in pretraining)."""
         return NEGATIVE_PROMPT
 
     def forward_z(self, prompts: PromptBatch, canvas: torch.Tensor, known: torch.Tensor) -> torch.Tensor:

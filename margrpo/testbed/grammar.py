@@ -52,6 +52,7 @@ class SceneSpec:
 
     @property
     def category(self) -> str:
+        """single, binding, counting or spatial (see the module docstring)."""
         if self.relation is not None:
             return "spatial"
         if len(self.groups) > 1:
@@ -60,6 +61,7 @@ class SceneSpec:
 
     @property
     def num_objects(self) -> int:
+        """Total objects the prompt asks for."""
         return sum(group.count for group in self.groups)
 
 

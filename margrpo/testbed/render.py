@@ -33,6 +33,7 @@ class PlacedObject:
 
     @property
     def center(self) -> tuple[float, float]:
+        """(x, y) of the bounding box middle, in pixels."""
         return self.x + self.size / 2, self.y + self.size / 2
 
 

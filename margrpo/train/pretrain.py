@@ -115,6 +115,7 @@ class TrainPrompts:
             self.by_category[parse_prompt(prompt).category].append(prompt)
 
     def draw(self, n: int) -> list[str]:
+        """n prompts, drawn with replacement."""
         categories = self.rng.integers(0, len(CATEGORIES), n)
         return [self._pick(CATEGORIES[c]) for c in categories]
 
@@ -124,6 +125,7 @@ class TrainPrompts:
 
 
 def learning_rate(step: int, config: PretrainConfig) -> float:
+    """Linear warm-up to config.lr, then cosine decay to config.lr * min_lr_ratio at the last step."""
     if step < config.warmup_steps:
         return config.lr * (step + 1) / config.warmup_steps
     progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
@@ -198,11 +200,13 @@ def pretrain(model_config: ModelConfig, config: PretrainConfig) -> dict:
 
 
 def save(model: TinyMAR, metrics: dict, out: Path) -> None:
+    """Write the checkpoint (model.safetensors, config.json) and pretrain_metrics.json to `out`."""
     model.save(out)
     (out / "pretrain_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`margrpo pretrain --config FILE [key=value ...]`."""
     parser = argparse.ArgumentParser(prog="margrpo pretrain", description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="YAML config with model: and pretrain: sections")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. pretrain.steps=100")
