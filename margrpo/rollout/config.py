@@ -29,6 +29,14 @@ class RolloutConfig:
     step; the head also samples the positions that stay masked, their samples are discarded from the
     image but their transitions are recorded, and the per-step predicted clean latents needed by
     consistency-aware selection are recorded; costs roughly N / n_i more head work at those steps).
+    `known_mask` says which tokens a recorded step's likelihood treats as known (the canvas of its
+    training forward): "pre_step" (default: those revealed at earlier steps, the state the step was
+    sampled from, so the step's own tokens get gradient) or "post_step" (the reference Harmon code,
+    for the parity preset: the step's own tokens are known too and get no gradient; the likelihood
+    keeps only the positions still unknown after the step, their transitions sampled at the step and
+    scored under the post-step canvas, the one the next mask step's forward sees). "post_step" needs
+    likelihood_positions "unknown" whenever a likelihood is recorded: with "revealed" it would keep
+    no position at all. A recorded final step leaves no position unknown and records nothing.
     """
 
     num_mask_steps: int = 64
@@ -43,6 +51,7 @@ class RolloutConfig:
     record_mask_steps: int = 12
     record_diffusion_steps: int = 10
     likelihood_positions: Literal["revealed", "unknown"] = "revealed"
+    known_mask: Literal["pre_step", "post_step"] = "pre_step"
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, expected: str) -> None:
@@ -65,6 +74,20 @@ class RolloutConfig:
         need(isinstance(self.record_diffusion_steps, int) and self.record_diffusion_steps >= 1,
              "record_diffusion_steps", "an integer >= 1")
         need(self.likelihood_positions in ("revealed", "unknown"), "likelihood_positions", "'revealed' or 'unknown'")
+        need(self.known_mask in ("pre_step", "post_step"), "known_mask", "'pre_step' or 'post_step'")
+        if self.record_mask_steps > 0:
+            self.check_recordable()
+
+    def check_recordable(self) -> None:
+        """Raise if these settings cannot form a likelihood for a recorded mask step. Checked when
+        record_mask_steps > 0 (and by generate for an explicit plan): a config that records nothing,
+        e.g. an evaluation copy with likelihood_positions "revealed", may keep known_mask "post_step"."""
+        if self.known_mask == "post_step" and self.likelihood_positions != "unknown":
+            raise ValueError(
+                f"known_mask: got 'post_step' with likelihood_positions {self.likelihood_positions!r}, expected "
+                "likelihood_positions 'unknown' (post_step keeps only the positions still unknown after a step, "
+                "and 'revealed' has none of those) or known_mask 'pre_step'"
+            )
 
     @property
     def uses_cfg(self) -> bool:

@@ -12,6 +12,10 @@ the bank at the token's position, so a sample never depends on what else shares 
 position re-denoised at a later mask step ("unknown" mode) sees the same noise (common random
 numbers for the consistency test). The bank is transient: B N (T_diff + 1) (K + 1) C floats
 (NOVA-like B=16, N=1024, T=25, K=3, C=16: 109 MB).
+
+With the post-step known mask (margrpo.rollout.post_step) a recorded step keeps the transitions of
+the positions still unknown after it and has them scored at the next effective step, whose forward
+sees the post-step canvas: no extra backbone pass, and the image is the same as with "pre_step".
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ from margrpo.heads import multi_seed_denoise
 from .config import RolloutConfig
 from .guidance import forward_rows, guidance_for, head_condition, prompt_rows
 from .plan import RecordPlan, choose_plan, stochastic_steps
+from .post_step import drop_committed, score_transitions
 from .record import RECORDED, Rollout, head_to_l_layout
 from .schedule import effective_steps, mask_schedule
 from .seeding import make_generators, plan_seed
@@ -45,7 +50,9 @@ def _check_inputs(prompts, seeds, config) -> None:
         raise ValueError(f"seeds: got {bad[:3]!r}, expected non-negative integers")
 
 
-def _check_plan(plan: RecordPlan, counts: list[int], sampler) -> None:
+def _check_plan(plan: RecordPlan, counts: list[int], sampler, config: RolloutConfig) -> None:
+    if plan.num_mask_steps > 0:
+        config.check_recordable()
     usable_mask, usable_diff = set(effective_steps(counts)), set(stochastic_steps(sampler))
     steps = list(plan.mask_steps)
     if steps != sorted(set(steps)) or not set(steps) <= usable_mask:
@@ -116,14 +123,16 @@ def generate(
     counts = mask_schedule(N, config.num_mask_steps, config.schedule)
     if plan is None:
         plan_rng = torch.Generator().manual_seed(plan_seed(seeds))
-        plan = choose_plan(counts, sampler, config.record_mask_steps, config.record_diffusion_steps, plan_rng)
-    _check_plan(plan, counts, sampler)
+        plan = choose_plan(counts, sampler, config.record_mask_steps, config.record_diffusion_steps, plan_rng,
+                           known_mask=config.known_mask)
+    _check_plan(plan, counts, sampler, config)
 
     order, noise_bank = _draw_randomness(seeds, N, diff_steps, K + 1, C, device, dtype)
     cond = prompt_rows(backbone, list(prompts), config)
     steps = effective_steps(counts)
     recorded_index = {step: j for j, step in enumerate(plan.mask_steps)}
     unknown_mode = config.likelihood_positions == "unknown"
+    post_step = config.known_mask == "post_step"
     # in "unknown" mode the step before a recorded one also denoises every unknown position, for
     # the consistency test's previous prediction
     needs_prev = {steps[k - 1] for k in range(1, len(steps)) if steps[k] in recorded_index} if unknown_mode else set()
@@ -137,6 +146,7 @@ def generate(
     predictions: list = [None] * M  # "unknown" mode: pred_clean and pred_clean_prev per recorded step
     previous_predictions: list = [None] * M
     last_prediction = None
+    pending = None  # post-step mode: (j, positions, x_t and x_prev) of a recorded step, to score here
 
     start = 0
     for step in steps:
@@ -145,6 +155,15 @@ def generate(
         positions = order[:, start:] if all_unknown else order[:, start : start + n]  # committed ones first
         P = positions.shape[1]
         z = forward_rows(backbone, cond, canvas, known)
+        if pending is not None:  # this forward saw the previous recorded step's post-step canvas
+            j_prev, later, drawn = pending
+            scored = score_transitions(
+                backbone.head, head_condition(z, cond, later), sampler, plan.diffusion_steps[j_prev],
+                drawn["x_t"], drawn["x_prev"], guidance_for(config, cfg_scales[j_prev]), config.temperature,
+            )
+            records[j_prev].update({name: head_to_l_layout(value, B, later.shape[1])
+                                    for name, value in zip(("logp", "mean", "std"), scored)})
+            pending = None
         noise = _gather_rows(noise_bank, positions).reshape(B * P, diff_steps + 1, K + 1, C).permute(1, 2, 0, 3)
         scale = config.cfg_scale_at(start + n, N)
         out = multi_seed_denoise(
@@ -162,7 +181,12 @@ def generate(
             prediction = canvas.clone().scatter_(1, positions[..., None].expand(-1, -1, C), x0[0])
         if j is not None:
             cfg_scales[j] = scale
-            records[j] = {name: head_to_l_layout(getattr(out, name).to(dtype), B, P) for name in RECORDED}
+            drawn = {name: getattr(out, name).to(dtype) for name in RECORDED}
+            kept = positions
+            if post_step:  # only the positions still unknown after the step; scored at the next step
+                drawn, kept = {name: drop_committed(v, B, n) for name, v in drawn.items()}, positions[:, n:]
+                pending = (j, kept, drawn) if kept.shape[1] else None  # the final step keeps none
+            records[j] = {name: head_to_l_layout(value, B, kept.shape[1]) for name, value in drawn.items()}
             if unknown_mode:
                 predictions[j] = prediction
                 previous_predictions[j] = torch.zeros_like(canvas) if last_prediction is None else last_prediction

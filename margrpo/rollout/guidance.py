@@ -49,7 +49,7 @@ def head_condition(z: torch.Tensor, rows: PromptRows, positions: torch.Tensor) -
     [B * P, Dz], or [2 * B * P, Dz] = [cond; uncond] under guidance."""
     B, P = positions.shape
     index = positions[..., None].expand(-1, -1, z.shape[-1])
-    return torch.cat([half.gather(1, index).reshape(B * P, -1) for half in z.chunk(rows.rows_per_image)])
+    return torch.cat([half.gather(1, index).reshape(B * P, z.shape[-1]) for half in z.chunk(rows.rows_per_image)])
 
 
 def guidance_for(config: RolloutConfig, scale: float, guided: bool | None = None):

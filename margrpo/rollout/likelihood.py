@@ -1,10 +1,11 @@
 """rollout_logprob(): the training likelihood of a rollout's recorded transitions under the current
 backbone, with gradient to the backbone's parameters through the frozen diffusion head.
 
-For each recorded mask step the backbone recomputes z from the stored pre-step canvas and known mask
-(so the step's own tokens get gradient), the head re-evaluates the recorded diffusion transitions of
-all T = 1 + K trajectories under that z (margrpo.heads.denoise_logprob), and the sampler's Gaussian
-gives their log-probabilities. Called with the rollout's own policy this reproduces the recorded
+For each recorded mask step the backbone recomputes z from the canvas and known mask of the step's
+training forward (Rollout.canvas_known: before the step by default, so the step's own tokens get
+gradient; after it with the post-step known mask), the head re-evaluates the recorded diffusion
+transitions of all T = 1 + K trajectories under that z (margrpo.heads.denoise_logprob), and the
+sampler's Gaussian gives their log-probabilities. Called with the rollout's own policy this reproduces the recorded
 log-probs (ratio 1: exact in float64, to rounding in float32), which an on-policy PPO/GRPO step
 relies on.
 """
@@ -28,8 +29,9 @@ class RolloutLikelihood:
     """logp fp32 [T, B, L]; mean fp32 [T, B, L, C] of the policy's transitions (for a Gaussian KL
     against a reference model; the std of a fixed-variance sampler is the recorded one, a learned-range
     variance depends on z and is not returned); mask bool [B, L]: True where the
-    transition's token was committed at its mask step (all True in "revealed" mode; in "unknown"
-    mode the others are candidates for consistency-aware selection). L covers the requested steps."""
+    transition's token was committed at its mask step (all True in "revealed" mode, all False with
+    the post-step known mask; in "unknown" mode the others are candidates for consistency-aware
+    selection). L covers the requested steps."""
 
     logp: torch.Tensor
     mean: torch.Tensor

@@ -5,6 +5,8 @@ of diffusion steps (e.g. 10 of T). Choosing them up front means the rollout stor
 transitions (the reference code records everything and subsamples afterwards). Only effective mask
 steps (that reveal tokens) and stochastic diffusion steps (std > 0) can be chosen: a deterministic
 step has no density, and flooring its variance makes its gradient explode (REFERENCE.md section 3).
+With the post-step known mask the final effective step is not chosen either: it leaves no position
+unknown, so it would record nothing.
 """
 from __future__ import annotations
 
@@ -43,15 +45,22 @@ def choose_plan(
     num_mask_steps: int,
     num_diffusion_steps: int,
     generator: torch.Generator,
+    known_mask: str = "pre_step",
 ) -> RecordPlan:
     """Draw `num_mask_steps` distinct effective mask steps and, for each, `num_diffusion_steps`
-    distinct stochastic diffusion steps, uniformly without replacement (CPU `generator`)."""
+    distinct stochastic diffusion steps, uniformly without replacement (CPU `generator`).
+    known_mask: the RolloutConfig setting; "post_step" leaves out the final effective step."""
+    if known_mask not in ("pre_step", "post_step"):
+        raise ValueError(f"known_mask: got {known_mask!r}, expected 'pre_step' or 'post_step'")
     candidates_mask = effective_steps(reveal_counts)
+    if known_mask == "post_step":
+        candidates_mask = candidates_mask[:-1]
     candidates_diff = stochastic_steps(sampler)
     if not 0 <= num_mask_steps <= len(candidates_mask):
+        what = "reveal tokens and leave some unknown" if known_mask == "post_step" else "reveal tokens"
         raise ValueError(
             f"record_mask_steps: got {num_mask_steps}, expected 0..{len(candidates_mask)} "
-            f"(the schedule has {len(candidates_mask)} steps that reveal tokens)"
+            f"(the schedule has {len(candidates_mask)} steps that {what})"
         )
     if not 1 <= num_diffusion_steps <= len(candidates_diff):
         raise ValueError(

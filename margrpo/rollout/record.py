@@ -2,9 +2,10 @@
 
 Layout of the recorded transitions ("L layout"). A rollout records M mask steps (plan.mask_steps) and
 R diffusion steps inside each (plan.diffusion_steps[j]). At recorded mask step j the likelihood covers
-P_j token positions: the n_j tokens revealed at that step ("revealed" mode) or the u_j positions still
-unknown before it ("unknown" mode; the first n_j of them are the ones committed at that step). The
-flat index over (j, r, p) is
+P_j token positions: the n_j tokens revealed at that step ("revealed" mode), the u_j positions still
+unknown before it ("unknown" mode; the first n_j of them are the ones committed at that step), or,
+with the post-step known mask, the u_j - n_j positions still unknown after it. The flat index over
+(j, r, p) is
 
     l = offset_j + r * P_j + p,    offset_j = R * (P_0 + ... + P_{j-1}),    L = R * sum_j P_j,
 
@@ -12,10 +13,13 @@ and T = 1 + K trajectories sit on their own axis (0 = the rollout's own trajecto
 seed trajectories sampled under the same z). Every image of a rollout shares the schedule and the
 plan, so P_j and L are the same for all images and no padding is needed.
 
-The pre-step canvas and known mask of a recorded step are not stored: committed tokens never change,
-so they are exactly `where(known, tokens, 0)` with known = the first sum(n_<step) positions of the
-image's order (`canvas_known`). This is the state the backbone saw in the rollout, before the step's
-tokens were written, so the current step's tokens get gradient in training.
+The canvas and known mask of a recorded step's training forward are not stored: committed tokens
+never change, so they are exactly `where(known, tokens, 0)` with known = a prefix of the image's order
+(`canvas_known`). With the pre-step known mask (default) the prefix is the sum(n_<step) tokens
+revealed before the step: the state the step was sampled from, so the step's own tokens get gradient.
+With the post-step known mask (the reference Harmon code) it also holds the step's n_j tokens: the
+state after the step, which the next mask step's forward sees; the step's tokens get no gradient.
+In both, the likelihood positions are the next P_j entries of the order, right after the prefix.
 """
 from __future__ import annotations
 
@@ -59,6 +63,9 @@ class Rollout:
       x_t, x_prev, mean  fp32  [B, T, L, C]    input, output and policy mean of each transition
       std                fp32  [B, T, L, C]    its std (per channel, as the head records it)
       logp               fp32  [B, T, L]       log N(x_prev; mean, std^2) summed over channels
+      With the post-step known mask, x_t and x_prev are the chain drawn at the step (under the
+      pre-step canvas, as the reference code records them) while mean, std and logp are the
+      policy's Gaussian under the post-step canvas, the one the likelihood scores them with.
     Predicted clean latents for consistency-aware selection ("unknown" mode only; None in "revealed"
     mode, where every transition belongs to a token committed at its step, which the selection keeps):
       pred_clean         fp32  [B, M, N, C]    at recorded mask step j, the clean latent the head
@@ -120,11 +127,22 @@ class Rollout:
         """n_j: tokens revealed (committed) at recorded mask step j."""
         return self.reveal_counts[self.plan.mask_steps[j]]
 
+    def known_count(self, j: int) -> int:
+        """Tokens known in the training forward of recorded mask step j: those revealed before it,
+        plus its own n_j with the post-step known mask."""
+        post_step = self.config.known_mask == "post_step"
+        return self.step_start(j) + (self.step_revealed(j) if post_step else 0)
+
     def step_positions_count(self, j: int) -> int:
         """P_j: positions of recorded step j in the likelihood."""
         if self.config.likelihood_positions == "revealed":
             return self.step_revealed(j)
-        return self.num_tokens - self.step_start(j)
+        return self.num_tokens - self.known_count(j)
+
+    def step_committed_count(self, j: int) -> int:
+        """How many of step j's likelihood positions (the first ones) were committed at that step:
+        n_j, or 0 with the post-step known mask (they are known there)."""
+        return 0 if self.config.known_mask == "post_step" else self.step_revealed(j)
 
     def l_slice(self, j: int) -> slice:
         """The slice of the L axis that holds recorded mask step j (its R x P_j transitions)."""
@@ -135,13 +153,14 @@ class Rollout:
     # ------------------------------------------------------------------ derived per-step state
     def positions(self, j: int) -> torch.Tensor:
         """int64 [B, P_j]: the token positions of recorded step j, committed ones first."""
-        start = self.step_start(j)
+        start = self.known_count(j)
         return self.order[:, start : start + self.step_positions_count(j)]
 
     def canvas_known(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(canvas [B, N, C], known bool [B, N]) the backbone saw before recorded mask step j."""
+        """(canvas [B, N, C], known bool [B, N]) of recorded mask step j's training forward: the state
+        before the step (pre-step known mask) or after it (post-step)."""
         known = torch.zeros(self.order.shape, dtype=torch.bool, device=self.order.device)
-        known.scatter_(1, self.order[:, : self.step_start(j)], True)
+        known.scatter_(1, self.order[:, : self.known_count(j)], True)
         canvas = torch.where(known[..., None], self.tokens, self.tokens.new_zeros(()))
         return canvas, known
 
@@ -159,10 +178,10 @@ class Rollout:
 
     def l_committed(self) -> torch.Tensor:
         """bool [L]: True where the transition's token was committed at its mask step (all True in
-        "revealed" mode)."""
+        "revealed" mode, all False with the post-step known mask)."""
         parts = []
         for j in range(self.plan.num_mask_steps):
-            slot = torch.arange(self.step_positions_count(j), device=self.order.device) < self.step_revealed(j)
+            slot = torch.arange(self.step_positions_count(j), device=self.order.device) < self.step_committed_count(j)
             parts.append(slot.repeat(self.plan.num_diffusion_steps))
         return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.bool, device=self.order.device)
 
