@@ -130,9 +130,9 @@ def test_recorded_gaussian_is_the_policy_under_the_post_step_canvas(request, var
     model, sampler = request.getfixturevalue("tiny" if variance == "fixed" else "tiny_learned")
     config = _config()
     rollout = generate(model, PROMPTS, config, SEEDS, sampler=sampler, plan=PLAN)
-    B, C, R = len(PROMPTS), model.token_channels, PLAN.num_diffusion_steps
+    B, C = len(PROMPTS), model.token_channels
     prompts = model.encode_prompts(PROMPTS).cat(model.encode_prompts([model.negative_prompt()]).repeat_interleave(B))
-    for j, step in enumerate(PLAN.mask_steps):
+    for j in range(PLAN.num_mask_steps):
         done = _known_after(rollout, j)
         known = torch.zeros(B, model.num_tokens, dtype=torch.bool)
         known.scatter_(1, rollout.order[:, :done], True)
@@ -152,7 +152,8 @@ def test_recorded_gaussian_is_the_policy_under_the_post_step_canvas(request, var
             mean, std = sampler.mean_std(out, x_t, i)
             torch.testing.assert_close(rollout.mean[:, :, cols], mean, rtol=1e-10, atol=1e-10)
             torch.testing.assert_close(rollout.std[:, :, cols], std.expand_as(x_t), rtol=1e-10, atol=1e-10)
-            torch.testing.assert_close(rollout.logp[:, :, cols], sampler.logprob(x_prev, out, x_t, i), rtol=1e-10, atol=1e-10)
+            logp = sampler.logprob(x_prev, out, x_t, i)
+            torch.testing.assert_close(rollout.logp[:, :, cols], logp, rtol=1e-10, atol=1e-10)
 
 
 def test_post_step_keeps_the_image_and_the_drawn_transitions(tiny):
@@ -215,13 +216,14 @@ def test_training_forward_canvas_holds_the_steps_tokens_only_under_post_step(tin
         own = rollout.order[:, before : before + rollout.reveal_counts[step]]  # committed at this step
         earlier = rollout.order[:, :before]
         assert known.gather(1, earlier).all()
-        own_tokens = rollout.tokens.gather(1, own[..., None].expand(-1, -1, model.token_channels))
+        index = own[..., None].expand(-1, -1, model.token_channels)
+        own_tokens, own_canvas = rollout.tokens.gather(1, index), canvas.gather(1, index)
         if known_mask == "post_step":
             assert known.gather(1, own).all() and int(known.sum()) == B * (before + own.shape[1])
-            torch.testing.assert_close(canvas.gather(1, own[..., None].expand_as(own_tokens)), own_tokens, rtol=0, atol=0)
+            torch.testing.assert_close(own_canvas, own_tokens, rtol=0, atol=0)
         else:
             assert not known.gather(1, own).any() and int(known.sum()) == B * before
-            assert not canvas.gather(1, own[..., None].expand_as(own_tokens)).any()
+            assert not own_canvas.any()
 
 
 def test_a_recorded_final_step_records_nothing_and_backpropagates(tiny):
