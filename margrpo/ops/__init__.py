@@ -1,8 +1,9 @@
 """The public fused ops of margrpo (see docs/CONTRACTS.md for the kernel layer beneath them).
 
 Each op validates and normalises its input, picks a backend (torch | triton | cuda | cpp; `auto`
-by default or env MARGRPO_BACKEND) and runs as a torch.library custom op in namespace `margrpo`,
-so it works under torch.compile(fullgraph=True), opcheck and autograd.
+by default or env MARGRPO_BACKEND) and has a torch.library custom op in namespace `margrpo`, so it
+works under torch.compile(fullgraph=True), fake tensors, opcheck and autograd. In plain eager mode
+the op calls the backend's kernels directly, skipping the custom op's dispatch (see _kernels.py).
 """
 from . import _backend
 

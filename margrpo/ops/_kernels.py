@@ -1,8 +1,15 @@
-"""Where each backend keeps the kernel-level functions of docs/CONTRACTS.md.
+"""Where each backend keeps the kernel-level functions of docs/CONTRACTS.md, and how the public ops
+reach them.
 
 torch: margrpo.ops.reference.<name>; triton: margrpo.kernels.<module>.<name>; cpp and cuda:
-torch.ops.margrpo.<name> (one registration serves both devices). The public ops ask `pick` for a
-backend that has every kernel they need, then `get` the functions inside their custom ops.
+torch.ops.margrpo.<name> (one registration serves both devices).
+
+Two paths lead from a public op to its kernels. Under torch.compile, a dispatch mode (fake tensors,
+torch.export, FlopCounterMode) or a torch.func transform, the op calls its torch.library custom op:
+it asks `pick` for a backend that has every kernel it needs and the custom op `get`s them. In plain
+eager mode (`direct_call_allowed`) the op calls the kernels from `for_eager` itself, through a
+torch.autograd.Function when a gradient is needed: the custom op's dispatch would cost 25-40 us
+per call, as much as the kernels take on the real shapes.
 """
 from __future__ import annotations
 
@@ -56,3 +63,44 @@ def pick(device: torch.device, op: str, module: str, *names: str) -> str:
     """The backend that runs `op` on `device`: the user's choice, or under `auto` the first of the
     device's order whose kernels `names` are all built (see _backend.resolve)."""
     return _pick(device.type, op, module, names, _backend.get_backend())
+
+
+def direct_call_allowed() -> bool:
+    """Whether a public op may call its kernels directly instead of its custom op: not while
+    torch.compile traces it, nor under a dispatch mode or torch.func transform, which need the custom
+    op's fake implementation and autograd registration. (torch.compile reads the first test as a
+    constant True and never traces the other two.)"""
+    return not (
+        torch.compiler.is_compiling()
+        or torch._C._len_torch_dispatch_stack() > 0
+        or torch._C._are_functorch_transforms_active()
+    )
+
+
+def for_eager(
+    device: torch.device, op: str, module: str, names: tuple[str, ...], empty: bool = False
+) -> tuple[str, tuple[Callable, ...]]:
+    """(backend, its kernels `names`) for `op` on `device`: `pick` and `get` in one, memoised per
+    (device, op) until the selection changes. `empty`: the reference, which returns an empty result
+    without any kernel launch."""
+    if empty:
+        return "torch", tuple(get("torch", module, name) for name in names)
+    key = (device, op)
+    picked = _backend.eager_picks.get(key)
+    if picked is None:
+        backend = _backend.resolve(device, op, lambda b: all(find(b, module, n) for n in names))
+        picked = _backend.eager_picks[key] = (backend, tuple(get(backend, module, name) for name in names))
+    return picked
+
+
+def operand(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`t` as the kernels take it: contiguous, in `dtype`; `t` itself when it already is (a .to()
+    call from Python costs about 1.5 us even when it has nothing to do)."""
+    if t.dtype != dtype:
+        t = t.to(dtype)
+    return t.contiguous()
+
+
+def needs_grad(*tensors: torch.Tensor) -> bool:
+    """Whether autograd must record an op on these inputs."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)

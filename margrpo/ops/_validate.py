@@ -23,17 +23,18 @@ def ndim(name: str, tensor: torch.Tensor, allowed: tuple[int, ...] | None = None
 
 
 def same_shape(name: str, tensor: torch.Tensor, shape: torch.Size | tuple[int, ...], layout: str) -> None:
-    if tuple(tensor.shape) != tuple(shape):
+    if tensor.shape != shape:  # torch.Size is a tuple: no conversion needed
         raise ValueError(f"{name}: got shape {tuple(tensor.shape)}, expected {tuple(shape)} ({layout})")
 
 
 def same_device(**tensors: torch.Tensor) -> torch.device:
     """The one device of every named tensor; an error names them all when they disagree."""
-    devices = {name: t.device for name, t in tensors.items()}
-    if len(set(devices.values())) > 1:
-        found = ", ".join(f"{name} on {device}" for name, device in devices.items())
-        raise ValueError(f"{', '.join(devices)}: expected one device, got {found}")
-    return next(iter(devices.values()))
+    first, *others = tensors.values()
+    device = first.device
+    if any(t.device != device for t in others):
+        found = ", ".join(f"{name} on {t.device}" for name, t in tensors.items())
+        raise ValueError(f"{', '.join(tensors)}: expected one device, got {found}")
+    return device
 
 
 def choice(name: str, value: object, options: tuple[str, ...]) -> None:

@@ -11,11 +11,12 @@ import torch
 from . import _kernels, _validate
 
 _MODULE = "consistency"
+_KERNELS = ("consistency_mask_fwd",)
 
 
 @torch.library.custom_op("margrpo::consistency_mask", mutates_args=())
 def _consistency_mask_op(prev: torch.Tensor, cur: torch.Tensor, final: torch.Tensor, threshold: float, backend: str) -> torch.Tensor:
-    return _kernels.get(backend, _MODULE, "consistency_mask_fwd")(prev, cur, final, threshold)
+    return _kernels.get(backend, _MODULE, _KERNELS[0])(prev, cur, final, threshold)
 
 
 @_consistency_mask_op.register_fake
@@ -39,12 +40,20 @@ def consistency_mask(prev: torch.Tensor, cur: torch.Tensor, final: torch.Tensor,
     _validate.same_shape("final", final, prev.shape, "the shape of prev")
     threshold = _validate.number("threshold", threshold)
     device = _validate.same_device(prev=prev, cur=cur, final=final)
-    C = prev.shape[-1]
+    shape = prev.shape
+    C = shape[-1]
     if C == 0:
-        raise ValueError(f"prev: got shape {tuple(prev.shape)}, expected at least one channel in the last dim")
-    dtype = torch.promote_types(torch.promote_types(prev.dtype, cur.dtype), final.dtype)
+        raise ValueError(f"prev: got shape {tuple(shape)}, expected at least one channel in the last dim")
+    dtype = prev.dtype
+    if not (cur.dtype == dtype and final.dtype == dtype):
+        dtype = torch.promote_types(torch.promote_types(dtype, cur.dtype), final.dtype)
     M = prev.numel() // C
-    flat = [t.reshape(M, C).to(dtype).contiguous() for t in (prev, cur, final)]
-    # no positions: the reference returns the empty result without any kernel launch
-    backend = "torch" if M == 0 else _kernels.pick(device, "consistency_mask", _MODULE, "consistency_mask_fwd")
-    return _consistency_mask_op(*flat, threshold, backend).reshape(prev.shape[:-1])
+    flat = [_kernels.operand(t.reshape(M, C), dtype) for t in (prev, cur, final)]
+    if _kernels.direct_call_allowed():
+        _, (kernel,) = _kernels.for_eager(device, "consistency_mask", _MODULE, _KERNELS, empty=M == 0)
+        out = kernel(*flat, threshold)
+    else:
+        # no positions: the reference returns the empty result without any kernel launch
+        backend = "torch" if M == 0 else _kernels.pick(device, "consistency_mask", _MODULE, *_KERNELS)
+        out = _consistency_mask_op(*flat, threshold, backend)
+    return out.reshape(shape[:-1])

@@ -5,12 +5,16 @@ fp32 accumulation and output for fp16/bf16/fp32 inputs. Gradients flow to x, mea
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from . import _kernels, _validate, reference
 
 _MODULE = "gaussian_logprob"
+_KERNELS = ("gaussian_logprob_fwd", "gaussian_logprob_bwd")
 _REDUCE = {"none": reference.REDUCE_NONE, "sum": reference.REDUCE_SUM, "mean": reference.REDUCE_MEAN}
+_REDUCE_NAMES = tuple(_REDUCE)
 
 
 def _check_std_positive(std: torch.Tensor) -> None:
@@ -26,7 +30,7 @@ def _check_std_positive(std: torch.Tensor) -> None:
 def _gaussian_logprob_op(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, reduce: int, backend: str) -> torch.Tensor:
     if backend == "torch":
         _check_std_positive(std)
-    return _kernels.get(backend, _MODULE, "gaussian_logprob_fwd")(x, mean, std, reduce)
+    return _kernels.get(backend, _MODULE, _KERNELS[0])(x, mean, std, reduce)
 
 
 @_gaussian_logprob_op.register_fake
@@ -39,7 +43,7 @@ def _(x, mean, std, reduce, backend):
 def _gaussian_logprob_backward_op(
     grad_out: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, reduce: int, backend: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    kernel = _kernels.get(backend, _MODULE, "gaussian_logprob_bwd")
+    kernel = _kernels.get(backend, _MODULE, _KERNELS[1])
     gx, gm, gs = kernel(grad_out.contiguous(), x, mean, std, reduce)
     return gx, gm, gs
 
@@ -65,21 +69,48 @@ def _backward(ctx, grad_out):
 _gaussian_logprob_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-def _std_tensor(std: object, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """std as a tensor broadcastable to x (a python number becomes a 0-d tensor of `dtype`)."""
+class _GaussianLogprobFunction(torch.autograd.Function):
+    """The eager path's autograd: the kernels called directly, without the custom op's dispatch."""
+
+    @staticmethod
+    def forward(ctx, x, mean, std, reduce: int, backend: str, fwd: Callable, bwd: Callable):
+        ctx.save_for_backward(x, mean, std)
+        ctx.reduce, ctx.backend, ctx.bwd = reduce, backend, bwd
+        return fwd(x, mean, std, reduce)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, mean, std = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            # create_graph=True: the backward custom op records that it has no derivative of its own
+            gx, gm, gs = _gaussian_logprob_backward_op(grad_out, x, mean, std, ctx.reduce, ctx.backend)
+        else:
+            gx, gm, gs = ctx.bwd(grad_out.contiguous(), x, mean, std, ctx.reduce)
+        return gx.to(x.dtype), gm.to(mean.dtype), gs.to(std.dtype), None, None, None, None
+
+
+def _broadcasts_to(shape: torch.Size, target: torch.Size) -> bool:
+    """Whether `shape` broadcasts to `target` without growing it (torch.broadcast_shapes(shape,
+    target) == target), on the tuples: the torch function costs about 35 us."""
+    return len(shape) <= len(target) and all(s == 1 or s == t for s, t in zip(reversed(shape), reversed(target)))
+
+
+def _std_rows(std: object, x: torch.Tensor, R: int, dtype: torch.dtype) -> torch.Tensor:
+    """std in the kernel layout, [R, 1] (per row) or [R, C] (per element), not yet in `dtype`
+    unless it was a python number (then [R, 1] of `dtype` on x's device)."""
     if isinstance(std, (int, float)) and not isinstance(std, bool):
-        return torch.tensor(float(std), dtype=dtype, device=x.device)
+        return torch.full((R, 1), float(std), dtype=dtype, device=x.device)
     std = _validate.float_tensor("std", std)
-    try:
-        fits = std.ndim <= x.ndim and torch.broadcast_shapes(std.shape, x.shape) == x.shape
-    except RuntimeError:  # not broadcastable at all
-        fits = False
-    if not fits:
+    shape, rows = std.shape, x.shape[:-1]
+    if not _broadcasts_to(shape, x.shape):
         raise ValueError(
-            f"std: got shape {tuple(std.shape)}, expected a python float, a 0-d tensor, [..., 1] per row "
+            f"std: got shape {tuple(shape)}, expected a python float, a 0-d tensor, [..., 1] per row "
             f"or [..., C] per element, broadcastable to x's shape {tuple(x.shape)}"
         )
-    return std
+    width = 1 if std.ndim == 0 or shape[-1] == 1 else x.shape[-1]
+    if shape[:-1] != rows:  # 0-d, per channel, or broadcast over some row dims
+        std = std.expand(*rows, width)
+    return std.reshape(R, width)
 
 
 def gaussian_logprob(x: torch.Tensor, mean: torch.Tensor, std: float | torch.Tensor, reduce: str = "sum") -> torch.Tensor:
@@ -98,26 +129,33 @@ def gaussian_logprob(x: torch.Tensor, mean: torch.Tensor, std: float | torch.Ten
     fused backends (cpp, cuda, triton) follow the kernel policy and return NaN for those elements,
     so a bad std is visible without a host synchronisation.
     """
-    _validate.choice("reduce", reduce, tuple(_REDUCE))
+    _validate.choice("reduce", reduce, _REDUCE_NAMES)
     x = _validate.float_tensor("x", x)
     mean = _validate.float_tensor("mean", mean)
     _validate.ndim("x", x, at_least=1, layout="[..., C] with at least one dim")
     _validate.same_shape("mean", mean, x.shape, "the shape of x")
-    dtype = torch.promote_types(x.dtype, mean.dtype)
-    std = _std_tensor(std, x, dtype)
-    device = _validate.same_device(x=x, mean=mean, std=std)
     C = x.shape[-1]
     if C == 0:
         raise ValueError(f"x: got shape {tuple(x.shape)}, expected at least one channel in the last dim")
-    dtype = torch.promote_types(dtype, std.dtype)
-    rows = x.shape[:-1]
     R = x.numel() // C
-    per_row = std.ndim == 0 or std.shape[-1] == 1
-    std2 = std.expand(*rows, 1 if per_row else C).reshape(R, 1 if per_row else C)
-    x2 = x.reshape(R, C).to(dtype).contiguous()
-    mean2 = mean.reshape(R, C).to(dtype).contiguous()
-    std2 = std2.to(dtype).contiguous()
-    # no rows: the reference returns the empty result without any kernel launch
-    backend = "torch" if R == 0 else _kernels.pick(device, "gaussian_logprob", _MODULE, "gaussian_logprob_fwd", "gaussian_logprob_bwd")
-    out = _gaussian_logprob_op(x2, mean2, std2, _REDUCE[reduce], backend)
-    return out.reshape(x.shape if reduce == "none" else rows)
+    dtype = x.dtype if mean.dtype == x.dtype else torch.promote_types(x.dtype, mean.dtype)
+    std2 = _std_rows(std, x, R, dtype)
+    device = _validate.same_device(x=x, mean=mean, std=std2)
+    if std2.dtype != dtype:
+        dtype = torch.promote_types(dtype, std2.dtype)
+    operand = _kernels.operand
+    x2, mean2, std2 = operand(x.reshape(R, C), dtype), operand(mean.reshape(R, C), dtype), operand(std2, dtype)
+    code = _REDUCE[reduce]
+    if _kernels.direct_call_allowed():
+        backend, (fwd, bwd) = _kernels.for_eager(device, "gaussian_logprob", _MODULE, _KERNELS, empty=R == 0)
+        if backend == "torch":
+            _check_std_positive(std2)
+        if _kernels.needs_grad(x2, mean2, std2):
+            out = _GaussianLogprobFunction.apply(x2, mean2, std2, code, backend, fwd, bwd)
+        else:
+            out = fwd(x2, mean2, std2, code)
+    else:
+        # no rows: the reference returns the empty result without any kernel launch
+        backend = "torch" if R == 0 else _kernels.pick(device, "gaussian_logprob", _MODULE, *_KERNELS)
+        out = _gaussian_logprob_op(x2, mean2, std2, code, backend)
+    return out.reshape(x.shape if code == reference.REDUCE_NONE else x.shape[:-1])

@@ -9,6 +9,7 @@ backward only scales it by the incoming gradient.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -16,6 +17,7 @@ import torch
 from . import _kernels, _validate, reference
 
 _MODULE = "grpo_surrogate"
+_KERNELS = ("grpo_surrogate_fwd",)
 _AGGREGATIONS = ("token_mean", "sample_mean")
 
 
@@ -40,7 +42,7 @@ def _grpo_surrogate_op(
     clip_high: float,
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    kernel = _kernels.get(backend, _MODULE, "grpo_surrogate_fwd")
+    kernel = _kernels.get(backend, _MODULE, _KERNELS[0])
     loss, stats, grad = kernel(logp, old_logp, advantages, weights, mte_mask, clip_low, clip_high)
     return loss, stats, grad
 
@@ -65,16 +67,33 @@ def _backward(ctx, grad_loss, grad_stats, grad_grad):
 _grpo_surrogate_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+class _GRPOSurrogateFunction(torch.autograd.Function):
+    """The eager path's autograd: the kernel called directly, without the custom op's dispatch."""
+
+    @staticmethod
+    def forward(ctx, logp, old_logp, advantages, weights, mte_mask, clip_low: float, clip_high: float, kernel: Callable):
+        loss, stats, grad = kernel(logp, old_logp, advantages, weights, mte_mask, clip_low, clip_high)
+        ctx.mark_non_differentiable(stats, grad)
+        ctx.save_for_backward(grad)
+        return loss, stats, grad
+
+    @staticmethod
+    def backward(ctx, grad_loss, grad_stats, grad_grad):
+        (grad,) = ctx.saved_tensors
+        return grad * grad_loss, None, None, None, None, None, None, None
+
+
 def _token_weights(mask: torch.Tensor, aggregation: str, dtype: torch.dtype) -> torch.Tensor:
     """Normalised token weights [B, L] (sum 1 over the batch, or all 0 when nothing is kept)."""
     w = mask.to(dtype)
     if aggregation == "token_mean":
         total = w.sum()
-        return w / torch.where(total > 0, total, torch.ones_like(total))
+        # a bool mask sums to a count, so clamping it at 1 only replaces an empty mask's 0
+        return w / (total.clamp_min(1.0) if mask.dtype == torch.bool else torch.where(total > 0, total, 1.0))
     per_sample = w.sum(1, keepdim=True)
     kept = per_sample > 0
     samples_kept = kept.sum().clamp_min(1).to(dtype)
-    return torch.where(kept, w / torch.where(kept, per_sample, torch.ones_like(per_sample)), 0.0) / samples_kept
+    return torch.where(kept, w / torch.where(kept, per_sample, 1.0), 0.0) / samples_kept
 
 
 def grpo_surrogate(
@@ -133,13 +152,23 @@ def grpo_surrogate(
 
     # these tensors are small ([T, B, L]): computing all of them in the accumulation dtype keeps
     # the kernels to one dtype per call
-    dtype = reference.acc_dtype(torch.promote_types(logp.dtype, old_logp.dtype))
-    logp3 = (logp if logp.ndim == 3 else logp.unsqueeze(0)).to(dtype).contiguous()
-    old3 = (old_logp if old_logp.ndim == 3 else old_logp.unsqueeze(0)).detach().to(dtype).contiguous()
-    weights = _token_weights(mask.detach(), aggregation, dtype).contiguous()
+    dtype = reference.acc_dtype(logp.dtype if old_logp.dtype == logp.dtype else torch.promote_types(logp.dtype, old_logp.dtype))
+    operand = _kernels.operand
+    logp3 = operand(logp if logp.ndim == 3 else logp.unsqueeze(0), dtype)
+    old3 = operand((old_logp if old_logp.ndim == 3 else old_logp.unsqueeze(0)).detach(), dtype)
+    args = (
+        logp3, old3, operand(advantages.detach(), dtype), _token_weights(mask.detach(), aggregation, dtype).contiguous(),
+        mte_mask.contiguous(), clip_low, clip_high,
+    )  # fmt: skip
     # an empty batch: the reference returns the empty result without any kernel launch
-    backend = "torch" if logp3.numel() == 0 else _kernels.pick(device, "grpo_surrogate", _MODULE, "grpo_surrogate_fwd")
-    loss, stats, _ = _grpo_surrogate_op(
-        logp3, old3, advantages.detach().to(dtype).contiguous(), weights, mte_mask.contiguous(), clip_low, clip_high, backend
-    )
+    empty = logp3.numel() == 0
+    if _kernels.direct_call_allowed():
+        _, (kernel,) = _kernels.for_eager(device, "grpo_surrogate", _MODULE, _KERNELS, empty=empty)
+        if _kernels.needs_grad(logp3):
+            loss, stats, _ = _GRPOSurrogateFunction.apply(*args, kernel)
+        else:
+            loss, stats, _ = kernel(*args)
+    else:
+        backend = "torch" if empty else _kernels.pick(device, "grpo_surrogate", _MODULE, *_KERNELS)
+        loss, stats, _ = _grpo_surrogate_op(*args, backend)
     return GRPOLoss(loss, stats[0], stats[1], stats[2], stats[3])

@@ -13,6 +13,7 @@ import torch
 from . import _kernels, _validate
 
 _MODULE = "topk"
+_KERNEL_OF = {"topk_mask": ("topk_mask_fwd",), "topk_indices": ("topk_indices_fwd",)}
 # ratio * N is computed in binary floating point: 0.29 * 100 gives 28.999999999999996. A relative
 # nudge far below any real fractional part makes floor() return the intended 29.
 _FLOOR_NUDGE = 1e-12
@@ -63,9 +64,20 @@ def _scores_and_k(scores: object, ratio: float | None, k: int | None) -> tuple[t
     return scores, _validate.integer("k", k, 0, N)
 
 
-def _backend_for(scores: torch.Tensor, op: str) -> str:
+def _run(op: str, scores: torch.Tensor, k: int, check_finite: bool) -> torch.Tensor:
+    """The kernel `<op>_fwd` of the selected backend on `scores`: called directly in eager mode,
+    through the custom op `margrpo::<op>` otherwise (see _kernels)."""
+    scores = scores.contiguous()
     # an empty batch or row: the reference returns the empty result without any kernel launch
-    return "torch" if scores.numel() == 0 else _kernels.pick(scores.device, op, _MODULE, f"{op}_fwd")
+    empty = scores.numel() == 0
+    if _kernels.direct_call_allowed():
+        _, (kernel,) = _kernels.for_eager(scores.device, op, _MODULE, _KERNEL_OF[op], empty=empty)
+        if check_finite:
+            _check_no_nan(scores)
+        return kernel(scores, k)
+    backend = "torch" if empty else _kernels.pick(scores.device, op, _MODULE, *_KERNEL_OF[op])
+    custom_op = _topk_mask_op if op == "topk_mask" else _topk_indices_op
+    return custom_op(scores, k, check_finite, backend)
 
 
 def topk_mask(
@@ -81,7 +93,7 @@ def topk_mask(
             GPU hot paths where the scores are known to be clean). +-inf scores rank normally.
     """
     scores, k = _scores_and_k(scores, ratio, k)
-    return _topk_mask_op(scores.contiguous(), k, check_finite, _backend_for(scores, "topk_mask"))
+    return _run("topk_mask", scores, k, check_finite)
 
 
 def topk_indices(
@@ -90,4 +102,4 @@ def topk_indices(
     """int64 [B, k]: the positions of the k largest scores per row, by descending score; equal scores
     are chosen and ordered toward the lower index. Arguments as in topk_mask."""
     scores, k = _scores_and_k(scores, ratio, k)
-    return _topk_indices_op(scores.contiguous(), k, check_finite, _backend_for(scores, "topk_indices"))
+    return _run("topk_indices", scores, k, check_finite)
