@@ -418,7 +418,7 @@ def test_weights_that_do_not_fit_are_listed(tiny_dir, tmp_path):
 # on a random-init head, whose 4-step chains reach means of 1e4 (a trained head's stay O(1))
 PARITY = ["backbone.options={reference_behaviour: true}", "grpo.objective=reinforce", "grpo.likelihood_cfg=none",
           "grpo.minibatch_over=mask_steps", "grpo.minibatches=2", "rollout.likelihood_positions=unknown",
-          "grpo.consistency=true", "grpo.consistency_start_step=1"]
+          "grpo.consistency=true", "grpo.consistency_start_step=1", "rollout.known_mask=post_step"]
 
 
 @pytest.mark.parametrize("extra", [[], PARITY], ids=["default", "parity"])
@@ -461,6 +461,7 @@ def test_configs_load(name, tiny_dir):
         g = config.grpo
         assert (g.objective, g.kl_type, g.likelihood_cfg, g.minibatch_over) == ("reinforce", "parity_mean_k3", "none", "mask_steps")
         assert g.minibatches == r.record_mask_steps and r.likelihood_positions == "unknown"
+        assert r.known_mask == "post_step"
         assert config.backbone.options == {"reference_behaviour": True}
     assert harmon.load(tiny_dir[0], **config.backbone.options).reference_behaviour == name.endswith("parity")
 
