@@ -18,7 +18,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import margrpo.ops as ops
-from margrpo.ops import _backend, _kernels
+from margrpo.ops import _kernels
 
 pytestmark = pytest.mark.usefixtures("poison_uninitialized")
 F64, F32 = torch.float64, torch.float32
@@ -170,15 +170,15 @@ def test_dispatch_modes_see_the_custom_ops(gen):
 
 
 def test_eager_backend_follows_set_backend(gen):
-    """The eager route memoises its backend pick per device and op; a new selection forgets it."""
+    """The eager route memoises its backend pick per device, op and selection: a new selection
+    takes effect at once, and returning to the old one finds the old pick."""
     if "cpp" not in ops.available_backends():
         pytest.skip("cpp: not available in this installation")
     x, std = randn(gen, 2, 3), torch.tensor([[1.0], [-1.0]], dtype=F64)
     with ops.use_backend("cpp"):
         assert torch.isnan(ops.gaussian_logprob(x, x, std)[1])  # the fused policy: NaN
-        assert _backend.eager_picks
-        with ops.use_backend("torch"):
-            assert not _backend.eager_picks
-            with pytest.raises(ValueError, match="std: 1 of 2"):  # the reference's policy: an error
-                ops.gaussian_logprob(x, x, std)
+        with ops.use_backend("torch"), pytest.raises(ValueError, match="std: 1 of 2"):  # the reference's: an error
+            ops.gaussian_logprob(x, x, std)
         assert torch.isnan(ops.gaussian_logprob(x, x, std)[1])
+    with ops.use_backend("auto"):
+        assert _kernels.for_eager(x.device, "gaussian_logprob", gaussian_tests.MODULE, gaussian_tests.KERNELS)[0] == "cpp"

@@ -17,9 +17,6 @@ BACKENDS = ("torch", "triton", "cuda", "cpp")
 _CHOICES = ("auto",) + BACKENDS
 
 _selected = os.environ.get("MARGRPO_BACKEND", "auto")
-# the eager path's resolutions, (device, op) -> (backend, kernels), memoised by _kernels.for_eager;
-# emptied whenever the selection changes
-eager_picks: dict[tuple[torch.device, str], tuple[str, tuple[Callable, ...]]] = {}
 _extension = None
 _extension_error: str | None = None
 
@@ -69,7 +66,6 @@ def set_backend(name: str) -> None:
     if name not in _CHOICES:
         raise ValueError(f"backend: got {name!r}, expected one of {', '.join(_CHOICES)}")
     _selected = name
-    eager_picks.clear()
 
 
 def get_backend() -> str:

@@ -77,19 +77,24 @@ def direct_call_allowed() -> bool:
     )
 
 
+# the eager path's picks: (device, op, selection) -> (backend, kernels). The selection is part of the
+# key, so set_backend() needs no invalidation and use_backend() around every call stays cheap.
+_eager_picks: dict[tuple[torch.device, str, str], tuple[str, tuple[Callable, ...]]] = {}
+
+
 def for_eager(
     device: torch.device, op: str, module: str, names: tuple[str, ...], empty: bool = False
 ) -> tuple[str, tuple[Callable, ...]]:
-    """(backend, its kernels `names`) for `op` on `device`: `pick` and `get` in one, memoised per
-    (device, op) until the selection changes. `empty`: the reference, which returns an empty result
-    without any kernel launch."""
+    """(backend, its kernels `names`) for `op` on `device` under the current selection: `pick` and
+    `get` in one, memoised (an error, such as a backend that cannot run here, is raised each time).
+    `empty`: the reference, which returns an empty result without any kernel launch."""
     if empty:
         return "torch", tuple(get("torch", module, name) for name in names)
-    key = (device, op)
-    picked = _backend.eager_picks.get(key)
+    key = (device, op, _backend.get_backend())
+    picked = _eager_picks.get(key)
     if picked is None:
         backend = _backend.resolve(device, op, lambda b: all(find(b, module, n) for n in names))
-        picked = _backend.eager_picks[key] = (backend, tuple(get(backend, module, name) for name in names))
+        picked = _eager_picks[key] = (backend, tuple(get(backend, module, name) for name in names))
     return picked
 
 
