@@ -27,6 +27,19 @@ class BackboneConfig:
 
 
 @dataclass
+class LoRAConfig:
+    """LoRA adapters (peft) as the ONLY trainable parameters; the KL reference is then the policy with
+    its adapters disabled (the base weights), so no second copy of the model is kept. rank 0: off."""
+
+    rank: int = 0
+    alpha: Optional[float] = None  # None: 2 * rank (Harmon's convention)
+    dropout: float = 0.0
+    # regular expressions over module names (full match) choosing the nn.Linear layers to adapt;
+    # empty: every nn.Linear whose weight GRPO would otherwise train (outside the diffusion head)
+    targets: list[str] = field(default_factory=list)
+
+
+@dataclass
 class GRPOConfig:
     """The algorithm. Every MAR-GRPO mechanism is a switch so the paper's ablation can be run."""
 
@@ -55,6 +68,7 @@ class GRPOConfig:
     consistency_threshold: float = 0.0
     consistency_start_step: int = 2  # effective mask-step index from which it applies (third step)
     likelihood_cfg: Literal["rollout", "none"] = "rollout"  # none: the reference code's unguided likelihood
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
 
 
 @dataclass
@@ -88,6 +102,9 @@ class RunConfig:
     tensorboard: bool = True
     wandb: bool = False
     threads: Optional[int] = None  # torch CPU threads (None: torch's default)
+    # data parallelism under torchrun: ddp (replicated weights, gradients all-reduced) or fsdp2
+    # (trainable modules sharded with torch.distributed.fsdp.fully_shard); one process: no difference
+    parallel: Literal["ddp", "fsdp2"] = "ddp"
 
 
 @dataclass
@@ -122,6 +139,16 @@ class TrainerConfig:
         for name in ("inner_epochs", "minibatches", "micro_batches", "prompts_per_step"):
             if getattr(g, name) < 1:
                 raise ConfigError(f"grpo.{name}: got {getattr(g, name)}, expected >= 1")
+        lora = g.lora
+        if lora.rank < 0:
+            raise ConfigError(f"grpo.lora.rank: got {lora.rank}, expected >= 0 (0 turns LoRA off)")
+        if not 0 <= lora.dropout < 1:
+            raise ConfigError(f"grpo.lora.dropout: got {lora.dropout}, expected a probability in [0, 1)")
+        if lora.rank and g.head != "frozen":
+            raise ConfigError(
+                f"grpo.lora.rank: {lora.rank} trains LoRA adapters only, which needs grpo.head: frozen "
+                f"(got {g.head!r}); the reference policy is the base weights with the adapters disabled"
+            )
         if self.run.steps < 0:
             raise ConfigError(f"run.steps: got {self.run.steps}, expected >= 0")
 

@@ -1,11 +1,14 @@
 """The MAR-GRPO trainer: rollout -> rewards -> advantages -> token selection -> clipped likelihood-ratio
-updates with a KL to a frozen reference; checkpoint/resume, logging, evaluation, torchrun.
+updates with a KL to a frozen reference; checkpoint/resume, logging, evaluation, torchrun (DDP or
+FSDP2, margrpo.train.distributed). The reference is a frozen copy of the starting policy, or, when
+only LoRA adapters train (grpo.lora), the policy itself with its adapters disabled.
 
     margrpo train --config configs/shapes-tiny.yaml [key=value ...]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import dataclasses
 import json
@@ -27,6 +30,7 @@ from margrpo.rollout import choose_plan, generate, mask_schedule, rollout_logpro
 
 from . import checkpoint as ckpt
 from . import distributed as dist_utils
+from . import lora as lora_utils
 from .config import TrainerConfig, load_config
 from .evaluate import generate_images, verifier_summary
 from .metrics import MetricsLogger, plot_curves
@@ -76,10 +80,13 @@ class Trainer:
         self.policy = build_backbone(config.backbone, self.device)
         self.sampler = self.policy.make_sampler(config.backbone.diffusion_steps)
         self._configure_trainable()
-        self.reference = None
-        if config.grpo.kl_beta > 0:
-            # the reference is a frozen copy of the starting policy
+        self.reference = None  # a frozen copy of the starting policy, when the KL needs one
+        if config.grpo.kl_beta > 0 and not config.grpo.lora.rank:
+            # (with LoRA the reference is the policy with its adapters disabled: no copy)
             self.reference = copy.deepcopy(self.policy).eval().requires_grad_(False)
+        self.sharded = run.parallel == "fsdp2" and dist_utils.active()
+        if self.sharded:  # after the reference copy (which stays whole) and before the optimizer
+            dist_utils.shard_fsdp2(self.policy, self.device)
         self.reward = self._build_reward()
         self.train_prompts, self.eval_prompts = self._load_prompts()
         self.optimizer, self.scheduler = self._build_optimizer()
@@ -105,12 +112,33 @@ class Trainer:
 
     # ------------------------------------------------------------------ setup
     def _configure_trainable(self) -> None:
-        mode = self.config.grpo.head
+        g = self.config.grpo
         self.policy.requires_grad_(False)
-        for p in self.policy.trainable_parameters():
+        if g.lora.rank:  # LoRA adapters only (the config requires a frozen head)
+            # the global RNG is seeded per rank; the adapters' random init must be the same on every
+            # rank (and in one process), so it draws from the run seed (peft initialises on the CPU)
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(self.config.run.seed)
+                trainable = lora_utils.apply_lora(self.policy, g.lora.rank, g.lora.alpha, g.lora.dropout,
+                                                  g.lora.targets)
+        else:
+            trainable = self.policy.trainable_parameters()
+        for p in trainable:
             p.requires_grad_(True)
         # frozen head: no parameter updates, but gradients still flow through it into z
-        self.policy.head.requires_grad_(mode != "frozen")
+        self.policy.head.requires_grad_(g.head != "frozen")
+
+    @contextlib.contextmanager
+    def _reference_policy(self):
+        """The frozen reference policy of the KL term: the base weights (the policy itself with its
+        LoRA adapters disabled) when training LoRA, else the frozen copy of the starting policy."""
+        if self.config.grpo.lora.rank:
+            with lora_utils.adapters_disabled(self.policy):
+                yield self.policy
+            return
+        # same forward mode as the policy's likelihood (a model flag may change the training forward)
+        self.reference.train(self.policy.training)
+        yield self.reference
 
     def _build_optimizer(self):
         o = self.config.optim
@@ -271,7 +299,7 @@ class Trainer:
         timings["time/reward"] = time.perf_counter() - t0
         metrics = {f"reward/{k}": v for k, v in result.log_values("").items() if not k.startswith("/total")}
         metrics.update({"reward_mean": dist_utils.mean(rewards.mean()), "reward_std": rewards.std(unbiased=False).item()})
-        if not torch.isfinite(rewards).all():
+        if not dist_utils.all_ranks(torch.isfinite(rewards).all()):
             return self._skip("reward", metrics, timings)
 
         t0 = time.perf_counter()
@@ -286,11 +314,9 @@ class Trainer:
                 old_logp = self._likelihood(self.policy, rollout).logp.float()
         reference = None
         self.policy.train()
-        if self.reference is not None:
-            # same forward mode as the policy's likelihood (a model flag may change the training forward)
-            self.reference.train(self.policy.training)
-            with torch.no_grad():
-                reference = self._likelihood(self.reference, rollout)
+        if g.kl_beta > 0:
+            with torch.no_grad(), self._reference_policy() as model:
+                reference = self._likelihood(model, rollout)
 
         sums = dict(loss=0.0, policy=0.0, kl=0.0, clip_fraction=0.0, approx_kl=0.0, ratio_mean=0.0)
         ratio_max, grad_norms, updates = 1.0, [], 0
@@ -301,16 +327,17 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 for images, mask_steps in minibatch:  # micro-batches accumulate into one update
                     out = self._chunk_loss(images, mask_steps, **context)
-                    if not torch.isfinite(out.loss):
+                    if not dist_utils.all_ranks(torch.isfinite(out.loss)):
                         self.optimizer.zero_grad(set_to_none=True)
                         return self._skip("loss", metrics, timings)
                     out.loss.backward()
                     for key in sums:
                         sums[key] += float(getattr(out, key).detach())
                     ratio_max = max(ratio_max, float(out.ratio_max))
-                dist_utils.average_gradients(self.policy)
+                if not self.sharded:  # FSDP2 reduce-scattered the gradients in backward already
+                    dist_utils.average_gradients(self.policy)
                 params = [p for p in self.policy.parameters() if p.grad is not None]
-                norm = torch.nn.utils.clip_grad_norm_(params, self.config.optim.grad_clip) if params else torch.zeros(())
+                norm = dist_utils.clip_grad_norm(params, self.config.optim.grad_clip) if params else torch.zeros(())
                 if not torch.isfinite(norm):
                     self.optimizer.zero_grad(set_to_none=True)
                     return self._skip("gradient", metrics, timings)
@@ -377,17 +404,22 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def trainable_state(self) -> dict[str, torch.Tensor]:
-        return {n: p for n, p in self.policy.named_parameters() if p.requires_grad}
+        """The trainable parameters by name, full tensors (under FSDP2 a collective: every rank calls
+        it, rank 0 gets the gathered tensors, the others an empty dict)."""
+        return dist_utils.full_state_dict(self.policy)
 
     def save_checkpoint(self) -> Path | None:
+        """Write a checkpoint from rank 0 (every rank calls it: under FSDP2 the full state is gathered)."""
+        weights = self.trainable_state()
+        optimizer = dist_utils.full_optimizer_state(self.policy, self.optimizer)
         if not self.is_main:
             return None
         state = {
-            "step": self.step, "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+            "step": self.step, "optimizer": optimizer, "scheduler": self.scheduler.state_dict(),
             "rng": ckpt.rng_state(), "tracker": None if self.tracker is None else self.tracker.state_dict(),
             "bad_steps": self.bad_steps, "skipped_total": self.skipped_total,
         }
-        return ckpt.save(self.out_dir / "checkpoints", self.step, self.trainable_state(), state, self.config.run.keep_last)
+        return ckpt.save(self.out_dir / "checkpoints", self.step, weights, state, self.config.run.keep_last)
 
     def load_checkpoint(self, path, weights_only: bool = False) -> None:
         weights, state = ckpt.load(path)
@@ -395,12 +427,10 @@ class Trainer:
         unknown = sorted(set(weights) - set(own))
         if unknown:
             raise ckpt.CorruptCheckpointError(f"{path}: parameters not in this model: {unknown[:5]}")
-        with torch.no_grad():
-            for name, value in weights.items():
-                own[name].copy_(value.to(own[name].device))
+        dist_utils.load_full_state_dict(self.policy, weights)
         if weights_only:
             return
-        self.optimizer.load_state_dict(state["optimizer"])
+        dist_utils.load_optimizer_state(self.policy, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         ckpt.set_rng_state(state["rng"])
         if self.tracker is not None and state.get("tracker"):
