@@ -461,7 +461,8 @@ class Trainer:
                 progress.set_postfix(_postfix(metrics))
                 if run.eval_every and self.step % run.eval_every == 0 and self.step < run.steps:
                     self.evaluate(self.step)
-                if self._stop_signal is not None:
+                # a signal on any rank stops every rank (saving is a collective under FSDP2)
+                if not dist_utils.all_ranks(self._stop_signal is None):
                     self.save_checkpoint()
                     print(f"[margrpo] signal {self._stop_signal}: checkpoint saved at step {self.step}; exiting")
                     return results
