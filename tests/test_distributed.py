@@ -1,6 +1,7 @@
 """Data parallelism on CPU (gloo, torchrun): FSDP2 (fully_shard) trains the same weights as DDP and as one
 process over the same seeds, with a frozen head, a trainable head and LoRA adapters; a checkpoint
-written under FSDP2 resumes in one process; plus the helpers' single-process behaviour.
+written under FSDP2 resumes in one process and a DDP one loads into FSDP2; plus the helpers'
+single-process behaviour.
 
 One torchrun launch runs every 2-rank configuration (this file is its worker script, see the bottom):
 starting processes costs more than the tiny runs themselves.
@@ -224,7 +225,26 @@ def _worker(root: str, checkpoint: str) -> None:
         trainer.run()
         if trainer.is_main:
             print(json.dumps({"setup": setup, "parallel": parallel, "step": trainer.step}))
+    _check_ddp_checkpoint_loads_sharded(Path(root), Path(checkpoint))
     dist_utils.shutdown()
+
+
+def _check_ddp_checkpoint_loads_sharded(root: Path, checkpoint: Path) -> None:
+    """A DDP checkpoint (optimizer state numbered by position) loads into an FSDP2 trainer: gathering
+    the loaded weights and Adam state back gives exactly the checkpoint's."""
+    weights, state = ckpt.load(ckpt.latest(run_dir(root, "frozen_head", "ddp") / "checkpoints"))
+    trainer = Trainer(load_config(None, overrides(root / "load-check", checkpoint, 2, *SETUPS["frozen_head"],
+                                                  "run.parallel=fsdp2", "run.resume=never")), create_run_dir=False)
+    trainer.load_checkpoint(ckpt.latest(run_dir(root, "frozen_head", "ddp") / "checkpoints"))
+    gathered = trainer.trainable_state()
+    optimizer = dist_utils.full_optimizer_state(trainer.policy, trainer.optimizer)
+    if trainer.is_main:
+        assert gathered.keys() == weights.keys()
+        assert all(torch.equal(gathered[k], weights[k]) for k in weights)
+        expected = dist_utils._state_by_name(trainer.policy, trainer.optimizer, state["optimizer"])
+        assert optimizer["state"].keys() == expected["state"].keys()
+        for name, values in expected["state"].items():
+            assert all(torch.equal(optimizer["state"][name][key].cpu(), value) for key, value in values.items()), name
 
 
 if __name__ == "__main__":
