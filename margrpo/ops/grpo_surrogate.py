@@ -71,7 +71,9 @@ class _GRPOSurrogateFunction(torch.autograd.Function):
     """The eager path's autograd: the kernel called directly, without the custom op's dispatch."""
 
     @staticmethod
-    def forward(ctx, logp, old_logp, advantages, weights, mte_mask, clip_low: float, clip_high: float, kernel: Callable):
+    def forward(
+        ctx, logp, old_logp, advantages, weights, mte_mask, clip_low: float, clip_high: float, kernel: Callable
+    ):
         loss, stats, grad = kernel(logp, old_logp, advantages, weights, mte_mask, clip_low, clip_high)
         ctx.mark_non_differentiable(stats, grad)
         ctx.save_for_backward(grad)
@@ -152,14 +154,12 @@ def grpo_surrogate(
 
     # these tensors are small ([T, B, L]): computing all of them in the accumulation dtype keeps
     # the kernels to one dtype per call
-    dtype = reference.acc_dtype(logp.dtype if old_logp.dtype == logp.dtype else torch.promote_types(logp.dtype, old_logp.dtype))
+    dtype = reference.acc_dtype(torch.promote_types(logp.dtype, old_logp.dtype))
     operand = _kernels.operand
     logp3 = operand(logp if logp.ndim == 3 else logp.unsqueeze(0), dtype)
     old3 = operand((old_logp if old_logp.ndim == 3 else old_logp.unsqueeze(0)).detach(), dtype)
-    args = (
-        logp3, old3, operand(advantages.detach(), dtype), _token_weights(mask.detach(), aggregation, dtype).contiguous(),
-        mte_mask.contiguous(), clip_low, clip_high,
-    )  # fmt: skip
+    weights = _token_weights(mask.detach(), aggregation, dtype).contiguous()
+    args = (logp3, old3, operand(advantages.detach(), dtype), weights, mte_mask.contiguous(), clip_low, clip_high)
     # an empty batch: the reference returns the empty result without any kernel launch
     empty = logp3.numel() == 0
     if _kernels.direct_call_allowed():
