@@ -97,14 +97,6 @@ def test_second_inner_epoch_is_off_policy(tmp_path, tiny_checkpoint):
     assert metrics["ratio_max"] > 1.0
 
 
-def _toy_reward(trainer, seeds=range(16)) -> float:
-    from margrpo.train.evaluate import generate_images
-
-    prompts = trainer.train_prompts[:4]
-    _, images = generate_images(trainer.policy, trainer.sampler, trainer.config.rollout, prompts, 4, seed=99)
-    return Redness(device="cpu")(images, [p for p in prompts for _ in range(4)]).mean().item()
-
-
 def test_update_raises_the_likelihood_of_above_average_samples(tmp_path, tiny_checkpoint):
     """The first-order promise of a GRPO step: after one small update, sum_i A_i * (logp_new - logp_old)
     over the batch's recorded transitions is positive (better samples became more likely)."""
@@ -133,24 +125,23 @@ def test_update_raises_the_likelihood_of_above_average_samples(tmp_path, tiny_ch
 
 
 def _toy_reward(trainer) -> float:
+    """Redness of 4 train prompts x 4 fixed seeds under the trainer's current policy."""
     from margrpo.train.evaluate import generate_images
 
     prompts = trainer.train_prompts[:4]
-    _, images = generate_images(trainer.policy, trainer.sampler, trainer.config.rollout, prompts, 8, seed=99)
-    return Redness(device="cpu")(images, [p for p in prompts for _ in range(8)]).mean().item()
+    _, images = generate_images(trainer.policy, trainer.sampler, trainer.config.rollout, prompts, 4, seed=99)
+    return Redness(device="cpu")(images, [p for p in prompts for _ in range(4)]).mean().item()
 
 
-@pytest.mark.slow
-def test_training_improves_a_toy_reward(tmp_path, tiny_checkpoint):
-    # NOT robust (excluded from CI with -m "not slow"): on this random-init model the samples are
-    # dominated by diffusion noise (reward std 0.01 within a group) and 12 steps move the fixed-seed
-    # toy reward by about its standard error, in either direction depending on numerics. The
-    # deterministic direction check above is the CI test; the shipped-checkpoint main job is the
-    # end-to-end evidence. Kept to be made robust (a model whose z controls colour strongly).
-    trainer = make(tmp_path, tiny_checkpoint, "optim.lr=1e-2", "grpo.kl_beta=0", "grpo.prompts_per_step=4",
-                   "grpo.head=train")
+def test_training_improves_a_toy_reward(tmp_path):
+    # The shipped pretrained checkpoint: its samples follow their prompts (so redness varies within
+    # a group and the reward has signal), unlike a random-init model whose samples are mostly noise.
+    # Measured on three run seeds: redness 0.05 -> 0.26, 0.43, 0.56 after 8 steps.
+    trainer = make(tmp_path, ROOT / "checkpoints" / "shapes-tiny", "optim.lr=1e-3", "grpo.kl_beta=0",
+                   "grpo.prompts_per_step=4", "grpo.head=train", "rollout.num_mask_steps=8",
+                   "rollout.cfg_scale=3.0", "backbone.diffusion_steps=10")
     before = _toy_reward(trainer)
-    for _ in range(12):
+    for _ in range(8):
         trainer.train_step()
         trainer.step += 1
     after = _toy_reward(trainer)
