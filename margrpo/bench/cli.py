@@ -9,6 +9,7 @@ SUITES = {
     "denoise": "margrpo.bench.denoise",
     "rollout": "margrpo.bench.rollout",
     "rewards": "margrpo.bench.rewards",
+    "step": "margrpo.bench.step",
 }
 
 

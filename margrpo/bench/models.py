@@ -87,9 +87,9 @@ def _timed(fn, device: torch.device) -> tuple[float, float]:
 
 @torch.no_grad()
 def nova_reference_rollout(backbone, prompts: list[str], config: RolloutConfig, sampler, plan, generator: torch.Generator):
-    """The reference code's sampling loop -> (images, records): at every mask step the head denoises
-    all N tokens of each image (official forward, one chain per trajectory) and the step keeps its
-    revealed tokens. records: per recorded mask step (canvas, known, MultiSeedSamples over all N)."""
+    """The reference code's sampling loop (any MARBackbone) -> (images, records): at every mask step
+    the head denoises all N tokens of each image (official forward, one chain per trajectory) and the
+    step keeps its revealed tokens. records: per recorded mask step (canvas, known, MultiSeedSamples over all N)."""
     B, N, C, K = len(prompts), backbone.num_tokens, backbone.token_channels, config.num_seeds
     device = next(backbone.parameters()).device
     counts = mask_schedule(N, config.num_mask_steps, config.schedule)
@@ -119,30 +119,42 @@ def nova_reference_rollout(backbone, prompts: list[str], config: RolloutConfig, 
     return backbone.decode(canvas), records
 
 
-def nova_reference_grpo_step(policy, reference, optimizer, prompts: list[str], config: RolloutConfig, sampler, plan,
-                             reward, group_size: int, kl_beta: float, generator: torch.Generator) -> None:
-    """One GRPO step the reference code's way: the eager rollout, rewards, then per recorded mask step
-    an unguided likelihood of every token's recorded transitions (all N tokens, one head call per
-    trajectory and diffusion step) under the policy and the reference, REINFORCE + k3 KL over the
-    positions unknown before the step, backward and an optimizer update."""
-    images, records = nova_reference_rollout(policy, prompts, config, sampler, plan, generator)
-    advantages = group_advantages(reward(images, prompts).total.float().to(images.device), group_size)
+def nova_reference_update(policy, reference, optimizer, prompts: list[str], records, sampler, rewards: torch.Tensor,
+                          group_size: int, kl_beta: float, grad_clip: float = 1.0) -> None:
+    """The training phase of a reference-style GRPO step (any MARBackbone): group advantages of
+    `rewards` [B], then per recorded mask step of `records` (from nova_reference_rollout) an unguided
+    likelihood of every token's recorded transitions (all N tokens, one head call per trajectory and
+    diffusion step) under the policy and the reference, REINFORCE + k3 KL over the positions unknown
+    before the step, backward, gradient clipping and an optimizer update. `reference` may be None
+    when kl_beta is 0 (no KL term)."""
+    advantages = group_advantages(rewards, group_size)
     B, N = len(prompts), policy.num_tokens
     for canvas, known, record in records:
         optimizer.zero_grad(set_to_none=True)
         z = policy.forward_z(policy.encode_prompts(prompts), canvas, known).reshape(B * N, -1)
         logp = eager_denoise_logprob(policy.head, z, sampler, record)  # [R, K+1, B*N]
-        with torch.no_grad():
-            z_ref = reference.forward_z(reference.encode_prompts(prompts), canvas, known).reshape(B * N, -1)
-            ref_logp = eager_denoise_logprob(reference.head, z_ref, sampler, record)
         weight = (~known).reshape(1, 1, B * N).float()
         per_image = (logp * weight).reshape(*logp.shape[:2], B, N).sum((0, 1, 3)) / weight.sum().clamp(min=1)
-        diff = ref_logp - logp
-        kl = ((diff.exp() - diff - 1) * weight).sum() / (weight.sum() * logp.shape[0] * logp.shape[1]).clamp(min=1)
-        loss = -(advantages * per_image).mean() + kl_beta * kl
+        loss = -(advantages * per_image).mean()
+        if kl_beta:
+            with torch.no_grad():
+                z_ref = reference.forward_z(reference.encode_prompts(prompts), canvas, known).reshape(B * N, -1)
+                ref_logp = eager_denoise_logprob(reference.head, z_ref, sampler, record)
+            diff = ref_logp - logp
+            kl = ((diff.exp() - diff - 1) * weight).sum() / (weight.sum() * logp.shape[0] * logp.shape[1]).clamp(min=1)
+            loss = loss + kl_beta * kl
         loss.backward()
-        torch.nn.utils.clip_grad_norm_([p for p in policy.parameters() if p.grad is not None], 1.0)
+        torch.nn.utils.clip_grad_norm_([p for p in policy.parameters() if p.grad is not None], grad_clip)
         optimizer.step()
+
+
+def nova_reference_grpo_step(policy, reference, optimizer, prompts: list[str], config: RolloutConfig, sampler, plan,
+                             reward, group_size: int, kl_beta: float, generator: torch.Generator) -> None:
+    """One GRPO step the reference code's way: the eager rollout (nova_reference_rollout), rewards,
+    then the per-recorded-mask-step updates (nova_reference_update)."""
+    images, records = nova_reference_rollout(policy, prompts, config, sampler, plan, generator)
+    rewards = reward(images, prompts).total.float().to(images.device)
+    nova_reference_update(policy, reference, optimizer, prompts, records, sampler, rewards, group_size, kl_beta)
 
 
 def _nova_trainer(backbone, settings: NovaBenchSettings, device: torch.device, workdir: Path):

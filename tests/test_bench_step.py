@@ -1,0 +1,100 @@
+"""The GRPO-step benchmark (margrpo bench step): both paths run on the shipped shapes-tiny checkpoint at
+tiny settings, phases are positive and add up, the JSON report has its keys, and the images the fused
+path hands to the reward are the trainer's rollout of the step."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from margrpo.bench import step as bench_step
+from margrpo.bench.cli import main as bench_main
+from margrpo.rollout import generate
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "shapes-tiny.yaml"
+TINY = [f"backbone.checkpoint={ROOT / 'checkpoints' / 'shapes-tiny'}", "grpo.prompts_per_step=1", "grpo.group_size=2",
+        "rollout.num_mask_steps=4", "backbone.diffusion_steps=4", "rollout.record_mask_steps=2",
+        "rollout.record_diffusion_steps=2"]
+COLUMNS = ("rollout", "reward", "train", "total")
+
+
+@pytest.fixture(autouse=True)
+def _restore_threads():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_config_gets_the_reference_algorithm_and_rejects_overriding_it():
+    config = bench_step.load_bench_config(CONFIG, TINY)
+    g = config.grpo
+    assert (g.objective, g.likelihood_cfg, g.minibatch_over, g.kl_type) == ("reinforce", "none", "mask_steps",
+                                                                          "parity_mean_k3")
+    assert config.rollout.likelihood_positions == "unknown"
+    assert g.minibatches == config.rollout.record_mask_steps == 2
+    assert (g.prompts_per_step, g.group_size, config.rollout.num_mask_steps) == (1, 2, 4)
+    with pytest.raises(ValueError, match="grpo.objective"):
+        bench_step.load_bench_config(CONFIG, [*TINY, "grpo.objective=clip"])
+    with pytest.raises(ValueError, match="grpo.minibatches"):
+        bench_step.load_bench_config(CONFIG, [*TINY, "grpo.minibatches=1"])
+
+
+def test_both_paths_run_and_the_fused_images_are_the_trainers_rollout():
+    bench = bench_step.StepBench(bench_step.load_bench_config(CONFIG, TINY))
+    trainer = bench.trainer
+    before = {name: p.detach().clone() for name, p in trainer.policy.named_parameters()}
+    prompts, seeds, _ = trainer._step_prompts(1)
+    expected = generate(bench.policy, prompts, trainer.config.rollout, seeds, sampler=trainer.sampler,
+                        plan=trainer._plan(1)).images  # the reference path's copy is still the starting policy
+
+    for path, run_step in (("fused", bench.fused), ("reference", bench.reference)):
+        times, images, rewards = run_step(1)
+        assert set(times) == {"rollout", "reward", "train"} and all(t > 0 for t in times.values()), path
+        assert images.shape == (2, 3, 32, 32) and images.dtype == torch.float32, path
+        assert torch.isfinite(images).all() and images.min() >= 0 and images.max() <= 1, path
+        assert images.std() > 0.05, f"{path}: a blank image batch"
+        assert rewards.shape == (2,) and ((rewards >= 0) & (rewards <= 1)).all(), path
+        if path == "fused":
+            torch.testing.assert_close(images, expected, rtol=0, atol=1e-6)
+
+    # each path updated its own policy's body and left its diffusion head alone
+    for policy in (trainer.policy, bench.policy):
+        named = dict(policy.named_parameters())
+        assert any(not torch.equal(named[n], before[n]) for n in before if not n.startswith("head."))
+        assert all(torch.equal(named[n], before[n]) for n in before if n.startswith("head."))
+
+
+def test_cli_prints_the_table_and_writes_the_report(tmp_path, capsys):
+    out = tmp_path / "step.json"
+    assert bench_main(["step", "--config", str(CONFIG), "--steps", "2", "--json", str(out), *TINY]) == 0
+    report = json.loads(out.read_text())
+    assert set(report) == {"machine", "settings", "steps", "rows", "mean_s", "speedup", "command"}
+    assert {"cpu_count", "torch_threads", "load_average_before", "load_average_after"} <= set(report["machine"])
+    assert report["machine"]["torch_threads"] == report["settings"]["torch_threads"] == 1
+    assert report["settings"]["images"] == 2 and report["settings"]["algorithm"]["grpo.minibatches"] == 2
+    rows = report["rows"]
+    assert [(r["step"], r["path"]) for r in rows] == [(1, "fused"), (1, "reference"), (2, "fused"), (2, "reference")]
+    for row in rows:
+        assert all(row[c] > 0 for c in COLUMNS)
+        assert row["total"] == pytest.approx(row["rollout"] + row["reward"] + row["train"], rel=1e-12)
+    for path in ("fused", "reference"):
+        for c in COLUMNS:
+            assert report["mean_s"][path][c] == pytest.approx(sum(r[c] for r in rows if r["path"] == path) / 2)
+    for c in COLUMNS:
+        assert report["speedup"][c] == pytest.approx(report["mean_s"]["reference"][c] / report["mean_s"]["fused"][c])
+    table = capsys.readouterr().out
+    assert "load average" in table
+    lines = table.strip().splitlines()[-4:]
+    assert lines[0].split() == ["path", "rollout", "s", "reward", "s", "train", "s", "total", "s"]
+    assert [line.split()[0] for line in lines[1:]] == ["fused", "reference", "speedup"]
+    assert lines[3].split()[4] == f"{report['speedup']['total']:.2f}x"
+
+
+def test_cli_rejects_a_fixed_key_and_no_rounds():
+    with pytest.raises(SystemExit, match="grpo.kl_type"):
+        bench_main(["step", "--config", str(CONFIG), *TINY, "grpo.kl_type=gaussian"])
+    with pytest.raises(SystemExit, match="steps: got 0"):
+        bench_main(["step", "--config", str(CONFIG), "--steps", "0", *TINY])
