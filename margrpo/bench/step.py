@@ -98,6 +98,7 @@ class StepBench:
         self.reward = reward
 
     def fused(self, step: int) -> tuple[dict[str, float], torch.Tensor, torch.Tensor]:
+        """One Trainer.train_step; its phase times, the images it rewarded and their rewards."""
         self.trainer.step = step  # selects the step's prompts, seeds and plan
         metrics = self.trainer.train_step()
         if "skipped" in metrics:
@@ -106,6 +107,7 @@ class StepBench:
         return (times, *self._last)
 
     def reference(self, step: int) -> tuple[dict[str, float], torch.Tensor, torch.Tensor]:
+        """One reference-style step on this bench's own policy copy, each phase timed."""
         t, config = self.trainer, self.trainer.config
         times = {}
         begin = time.perf_counter()
@@ -124,7 +126,7 @@ class StepBench:
         begin = time.perf_counter()
         self.policy.train()
         if t.reference is not None:
-            t.reference.train(True)
+            t.reference.train(self.policy.training)  # the same forward mode, as the trainer does
         g = config.grpo
         nova_reference_update(self.policy, t.reference, self.optimizer, prompts, records, t.sampler, rewards,
                               g.group_size, g.kl_beta, config.optim.grad_clip)
@@ -147,6 +149,7 @@ class StepBench:
             self.trainer.config = full
 
     def settings(self) -> dict[str, object]:
+        """The sizes and switches both paths ran with (for the report)."""
         config, policy = self.trainer.config, self.trainer.policy
         r, g = config.rollout, config.grpo
         counts = mask_schedule(policy.num_tokens, r.num_mask_steps, r.schedule)
@@ -164,9 +167,10 @@ class StepBench:
 
 
 def run(config: TrainerConfig, steps: int, log=print) -> tuple[dict, dict[str, torch.Tensor]]:
-    """Warm up each path once (short schedule), then `steps` rounds of fused then reference -> (report, the last images
-    of each path). report: machine (with load averages before and after), settings, per-step rows,
-    mean seconds per path and phase, speedup (reference / fused) per phase and in total."""
+    """Warm up each path once (short schedule), then `steps` rounds of fused then reference ->
+    (report, the last images of each path). report: machine (with load averages before and after),
+    settings, per-step rows, mean seconds per path and phase, speedup (reference / fused) per phase
+    and in total."""
     if steps < 1:
         raise ValueError(f"steps: got {steps}, expected >= 1 timed rounds")
     load_before = os.getloadavg()
