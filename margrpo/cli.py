@@ -11,7 +11,7 @@ COMMANDS = {
     "sample": ("margrpo.sample", "generate PNG grids: --config FILE --prompts FILE --out DIR"),
     "eval": ("margrpo.train.evaluate", "held-out reward of a checkpoint"),
     "ablate": ("margrpo.train.ablate", "run the ablation presets over seeds and print the table"),
-    "bench": ("margrpo.bench.cli", "benchmarks: margrpo bench ops|denoise|rollout|rewards"),
+    "bench": ("margrpo.bench.cli", "benchmarks: margrpo bench ops|denoise|rollout|rewards|step"),
     "serve-reward": ("margrpo.rewards.server", "serve a reward model over HTTP"),
 }
 

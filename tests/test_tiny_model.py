@@ -266,11 +266,11 @@ def test_generation_is_seeded():
 
 def test_shipped_checkpoint_scores_in_its_documented_band():
     """checkpoints/shapes-tiny/README.md: 16 balanced held-out prompts, seeds 0..15, pretrain.sampling
-    settings -> overall 0.486, color 0.823 when measured; the band is loose (other torch builds and
+    settings -> overall 0.372, color 0.542 when measured; the band is loose (other torch builds and
     thread counts change samples), but an untrained (~0.03) or broken model falls far outside it."""
     model = load_model(ModelConfig(path=str(SHIPPED)))
     prompts = balanced_prompts("heldout", 4)
     images = generate_images(model, prompts, SampleConfig().rollout_config(), seeds=list(range(len(prompts))))
     summary = evaluate(images, prompts)
-    assert 0.30 <= summary["overall"] <= 0.70, summary
-    assert summary["color"] >= 0.6, summary
+    assert 0.20 <= summary["overall"] <= 0.60, summary
+    assert summary["color"] >= 0.35, summary
