@@ -33,7 +33,8 @@ from pathlib import Path
 
 import torch
 
-from margrpo.bench.denoise import machine_description, time_ms
+from margrpo.bench.denoise import time_ms
+from margrpo.bench.machine import machine_description
 from margrpo.grpo.objective import chunk_loss, token_weights
 from margrpo.heads import MultiSeedSamples
 from margrpo.heads.reference import eager_denoise_logprob, eager_multi_seed_denoise

@@ -20,8 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import platform
 import statistics
 import sys
 import time
@@ -31,6 +29,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
+from margrpo.bench.machine import machine_description, split_choices
 from margrpo.diffusion import DDPMSampler, mar_sampler
 from margrpo.heads import Guidance, mar_head, multi_seed_denoise, nova_head
 from margrpo.heads.reference import eager_multi_seed_denoise
@@ -180,25 +179,6 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def machine_description(device: torch.device) -> dict[str, object]:
-    info: dict[str, object] = {
-        "platform": platform.platform(), "machine": platform.machine(), "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(), "python": platform.python_version(), "torch": torch.__version__,
-        "device": str(device),
-    }
-    if device.type == "cuda":
-        info["gpu"] = torch.cuda.get_device_name(device)
-    return info
-
-
-def _split(value: str, allowed: tuple[str, ...], name: str) -> tuple[str, ...]:
-    items = tuple(v for v in value.split(",") if v)
-    bad = [v for v in items if v not in allowed]
-    if bad or not items:
-        raise SystemExit(f"--{name}: got {value!r}, expected a comma list of {', '.join(allowed)}")
-    return items
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="margrpo bench denoise", description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -219,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = args.steps or (25 if gpu else 4)
     repeats = args.repeats or (10 if gpu else 1)
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if gpu else torch.float32)
-    rows = run(_split(args.cases, tuple(CASES), "cases"), _split(args.methods, METHODS, "methods"),
+    rows = run(split_choices(args.cases, tuple(CASES), "cases"), split_choices(args.methods, METHODS, "methods"),
                device, tokens, steps, repeats, dtype)
     print(format_table(rows))
     if args.json:

@@ -26,7 +26,7 @@ from unittest import mock
 
 import torch
 
-from margrpo.bench.denoise import machine_description
+from margrpo.bench.machine import machine_description
 from margrpo.grpo.advantages import group_advantages
 from margrpo.heads.reference import eager_denoise_logprob, eager_multi_seed_denoise
 from margrpo.rollout import RolloutConfig, choose_plan, effective_steps, generate, mask_schedule

@@ -20,8 +20,6 @@ import argparse
 import gc
 import json
 import math
-import os
-import platform
 import random
 import statistics
 import sys
@@ -31,6 +29,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
+
+from margrpo.bench.machine import machine_description, split_choices
 
 OPS = ("gaussian_logprob", "trajectory_std+topk_mask", "consistency_mask", "grpo_surrogate")
 SHAPES: dict[str, tuple[int, int, int, int]] = {
@@ -356,38 +356,6 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown")
-    except OSError:
-        return platform.processor() or "unknown"
-
-
-def machine_description(device: torch.device) -> dict[str, object]:
-    """What the numbers were measured on: CPU model and cores, threads used, versions, GPU."""
-    info: dict[str, object] = {
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu": _cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-    }
-    if device.type == "cuda":
-        info["gpu"] = torch.cuda.get_device_name(device)
-    return info
-
-
-def _split(value: str, allowed: tuple[str, ...], name: str) -> tuple[str, ...]:
-    items = tuple(v for v in value.split(",") if v)
-    bad = [v for v in items if v not in allowed]
-    if bad:
-        raise SystemExit(f"--{name}: got {', '.join(bad)}, expected names from {', '.join(allowed)}")
-    return items
-
-
 def main(argv: list[str] | None = None) -> int:
     """CLI: `margrpo bench ops` / `python -m margrpo.bench.ops`; prints the table, optionally JSON."""
     parser = argparse.ArgumentParser(prog="margrpo bench ops", description=__doc__.splitlines()[0])
@@ -403,8 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     rows = run(
-        _split(args.ops, OPS, "ops"),
-        _split(args.shapes, tuple(SHAPES), "shapes"),
+        split_choices(args.ops, OPS, "ops"),
+        split_choices(args.shapes, tuple(SHAPES), "shapes"),
         device,
         compile=not args.no_compile,
         min_time_s=args.min_time,

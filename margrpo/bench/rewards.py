@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from margrpo.bench.ops import machine_description
+from margrpo.bench.machine import machine_description
 from margrpo.rewards import RemoteReward, build_reward, synthetic
 from margrpo.rewards.server import RewardServer
 

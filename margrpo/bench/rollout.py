@@ -36,7 +36,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from margrpo.bench.denoise import CASES, build, machine_description, make_sampler, time_ms
+from margrpo.bench.denoise import CASES, build, make_sampler, time_ms
+from margrpo.bench.machine import machine_description, split_choices
 from margrpo.heads import reinit_zero_layers_
 from margrpo.heads.reference import eager_multi_seed_denoise
 from margrpo.models.base import PromptBatch
@@ -206,14 +207,6 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def _split(value: str, allowed: tuple[str, ...], name: str) -> tuple[str, ...]:
-    items = tuple(v for v in value.split(",") if v)
-    bad = [v for v in items if v not in allowed]
-    if bad or not items:
-        raise SystemExit(f"--{name}: got {value!r}, expected a comma list of {', '.join(allowed)}")
-    return items
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="margrpo bench rollout", description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -240,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
                         ("diffusion-steps", diffusion_steps), ("repeats", repeats)):
         if value < 1 or (name in ("mask-steps", "diffusion-steps") and value < 2):
             raise SystemExit(f"--{name}: got {value}, expected a positive integer (>= 2 for step counts)")
-    rows = run(_split(models, MODELS, "models"), _split(args.paths, PATHS, "paths"), device, dtype, batch,
+    rows = run(split_choices(models, MODELS, "models"), split_choices(args.paths, PATHS, "paths"), device, dtype, batch,
                tokens, mask_steps, diffusion_steps, repeats)
     print(format_table(rows))
     if args.json:

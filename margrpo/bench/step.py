@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from margrpo.bench.denoise import machine_description
+from margrpo.bench.machine import machine_description
 from margrpo.bench.models import nova_reference_rollout, nova_reference_update
 from margrpo.rollout import effective_steps, mask_schedule
 from margrpo.train.config import TrainerConfig, load_config

@@ -1,0 +1,42 @@
+"""What every benchmark shares: a description of the machine the numbers came from, and the parsing
+of comma-list CLI options."""
+from __future__ import annotations
+
+import os
+import platform
+
+import torch
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown")
+    except OSError:
+        return platform.processor() or "unknown"
+
+
+def machine_description(device: torch.device) -> dict[str, object]:
+    """What the numbers were measured on: CPU model and cores, threads used, versions, GPU."""
+    info: dict[str, object] = {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "device": str(device),
+    }
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
+
+
+def split_choices(value: str, allowed: tuple[str, ...], name: str) -> tuple[str, ...]:
+    """A CLI option's comma list, each item one of `allowed` (else exit naming --name)."""
+    items = tuple(v for v in value.split(",") if v)
+    bad = [v for v in items if v not in allowed]
+    if bad or not items:
+        raise SystemExit(f"--{name}: got {value!r}, expected a comma list of {', '.join(allowed)}")
+    return items
