@@ -113,10 +113,8 @@ MARGRPO_CPU_CLONES void bwd_rows(const Args& a, const acc_t* grad_out, acc_t* gr
       const int64_t i = r * C + c;
       const acc_t ge = none ? grad_out[i] : ge_row;
       const acc_t s = a.per_row_std ? row_std : acc_t(std[i]);
-      const acc_t diff = acc_t(x[i]) - acc_t(mean[i]);
-      const acc_t inv_var = acc_t(1) / (s * s);
-      const acc_t gx = -ge * diff * inv_var;
-      const acc_t gs = ge * (diff * diff * inv_var - acc_t(1)) / s;
+      acc_t gx, gs;
+      element_grads(ge, acc_t(x[i]) - acc_t(mean[i]), s, gx, gs);
       grad_x[i] = gx;
       grad_mean[i] = -gx;
       if (!sum_std) grad_std[i] = gs;

@@ -9,6 +9,21 @@ namespace margrpo::gaussian {
 enum Reduce : int64_t { kNone = 0, kSum = 1, kMean = 2 };
 constexpr double kLogSqrt2Pi = 0.918938533204672741780329736406;  // 0.5 * log(2 pi)
 
+#if defined(__CUDACC__)
+#define MARGRPO_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define MARGRPO_HOST_DEVICE inline
+#endif
+
+// One element's backward, shared by the CPU and CUDA kernels: with d = x - mean and upstream
+// gradient ge, d/dx = -ge d / s^2 (d/dmean is its negative) and d/ds = ge (d^2 / s^2 - 1) / s.
+template <typename acc_t>
+MARGRPO_HOST_DEVICE void element_grads(acc_t ge, acc_t diff, acc_t s, acc_t& grad_x, acc_t& grad_std) {
+  const acc_t inv_var = acc_t(1) / (s * s);
+  grad_x = -ge * diff * inv_var;
+  grad_std = ge * (diff * diff * inv_var - acc_t(1)) / s;
+}
+
 // Checked, contiguous operands of one call: x, mean [R, C]; std [R, S] with S in {1, C}.
 struct Args {
   at::Tensor x, mean, std;

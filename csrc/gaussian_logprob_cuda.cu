@@ -66,10 +66,8 @@ __global__ void bwd_kernel(const acc_t* __restrict__ grad_out, const scalar_t* _
         const int64_t i = r * C + c;
         const acc_t ge = reduce == kNone ? grad_out[i] : ge_row;
         const acc_t s = acc_t(per_row_std ? std[r] : std[i]);
-        const acc_t diff = acc_t(x[i]) - acc_t(mean[i]);
-        const acc_t inv_var = acc_t(1) / (s * s);
-        const acc_t gx = -ge * diff * inv_var;
-        const acc_t gs = ge * (diff * diff * inv_var - acc_t(1)) / s;
+        acc_t gx, gs;
+        element_grads(ge, acc_t(x[i]) - acc_t(mean[i]), s, gx, gs);
         grad_x[i] = gx;
         grad_mean[i] = -gx;
         if (sum_std) {

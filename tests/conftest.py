@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import zlib
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -100,3 +101,18 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtyp
 def randn(gen: torch.Generator, *shape: int, dtype=torch.float64, device="cpu", scale: float = 1.0, shift: float = 0.0):
     """Normal samples drawn on CPU from `gen` (same data on every device), then moved."""
     return (torch.randn(*shape, generator=gen, dtype=torch.float64) * scale + shift).to(device=device, dtype=dtype)
+
+
+def make_tiny_checkpoint(tmp_path_factory, depth: int) -> Path:
+    """A seeded random-init TinyMAR small enough for trainer tests (seconds), saved as a checkpoint dir."""
+    from margrpo.heads import reinit_zero_layers_
+    from margrpo.models.tiny import TinyMAR, TinyMARConfig
+
+    torch.manual_seed(0)
+    config = TinyMARConfig(patch_size=8, width=32, depth=depth, num_heads=2, head_width=32, head_depth=1,
+                           diffusion_steps=6)
+    model = TinyMAR(config)
+    reinit_zero_layers_(model.head, std=0.02)  # adaLN-zero would make the head ignore z
+    path = tmp_path_factory.mktemp("tiny") / "ckpt"
+    model.save(path)
+    return path

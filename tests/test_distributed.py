@@ -18,8 +18,6 @@ import pytest
 import torch
 
 from margrpo.config import ConfigError
-from margrpo.heads import reinit_zero_layers_
-from margrpo.models.tiny import TinyMAR, TinyMARConfig
 from margrpo.train import checkpoint as ckpt
 from margrpo.train import distributed as dist_utils
 from margrpo.train.config import load_config
@@ -53,13 +51,9 @@ def run_dir(root: Path, setup: str, parallel: str) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory) -> Path:
-    torch.manual_seed(0)
-    config = TinyMARConfig(patch_size=8, width=32, depth=2, num_heads=2, head_width=32, head_depth=1, diffusion_steps=6)
-    model = TinyMAR(config)
-    reinit_zero_layers_(model.head, std=0.02)  # adaLN-zero would make the head ignore z
-    path = tmp_path_factory.mktemp("tiny") / "ckpt"
-    model.save(path)
-    return path
+    from conftest import make_tiny_checkpoint  # lazily: this file also runs as the torchrun worker script
+
+    return make_tiny_checkpoint(tmp_path_factory, depth=2)
 
 
 @pytest.fixture(scope="module")

@@ -55,7 +55,7 @@ def make_inputs(gen, B=3, N=8, C=4, K=3, T=2):
     return x, mean, std, samples, prev, cur, final, logp, old, randn(gen, B), torch.rand(B, N, generator=gen) > 0.2
 
 
-def compare_with_eager(compiled, gen):
+def assert_compiled_matches_eager(compiled, gen):
     inputs = make_inputs(gen)
     eager_inputs = [t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
     got, want = compiled(*inputs), pipeline(*eager_inputs)
@@ -76,7 +76,7 @@ def test_fullgraph_matches_eager(backend, gen):
     require_all_kernels(backend)
     torch._dynamo.reset()
     with ops.use_backend(backend):
-        compare_with_eager(torch.compile(pipeline, fullgraph=True, backend="aot_eager"), gen)
+        assert_compiled_matches_eager(torch.compile(pipeline, fullgraph=True, backend="aot_eager"), gen)
 
 
 def test_backend_choice_is_guarded(gen):
@@ -96,4 +96,4 @@ def test_backend_choice_is_guarded(gen):
 def test_inductor_fullgraph_matches_eager(gen):
     torch._dynamo.reset()
     with ops.use_backend("torch"):
-        compare_with_eager(torch.compile(pipeline, fullgraph=True), gen)
+        assert_compiled_matches_eager(torch.compile(pipeline, fullgraph=True), gen)

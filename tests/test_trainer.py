@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import make_tiny_checkpoint
 
 from margrpo.config import ConfigError
-from margrpo.heads import reinit_zero_layers_
-from margrpo.models.tiny import TinyMAR, TinyMARConfig
+from margrpo.models.tiny import TinyMAR
 from margrpo.rewards import Reward, register
 from margrpo.train import checkpoint as ckpt
 from margrpo.train.config import load_config
@@ -48,13 +48,7 @@ class SigtermOnSecondCall(Reward):
 
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory):
-    torch.manual_seed(0)
-    config = TinyMARConfig(patch_size=8, width=32, depth=1, num_heads=2, head_width=32, head_depth=1, diffusion_steps=6)
-    model = TinyMAR(config)
-    reinit_zero_layers_(model.head, std=0.02)  # adaLN-zero would make the head ignore z
-    path = tmp_path_factory.mktemp("tiny") / "ckpt"
-    model.save(path)
-    return path
+    return make_tiny_checkpoint(tmp_path_factory, depth=1)
 
 
 def overrides(tmp_path, checkpoint, *extra):
