@@ -320,9 +320,9 @@ def test_generate_records_what_recomputation_gives(tiny, positions):
     rollout = generate(tiny, PROMPTS, config, [3, 4, 5, 6], sampler=sampler)
     assert rollout.reveal_counts == tuple(harmon_schedule(36, 5))
     assert rollout.images.shape == (4, 3, 12, 12) and torch.isfinite(rollout.tokens).all()
-    assert rollout.logp.shape[:2] == (4, 3) and rollout.logp.shape[2] > 0
+    assert rollout.logp.shape[:2] == (3, 4) and rollout.logp.shape[2] > 0  # [T, B, L]
     likelihood = rollout_logprob(tiny, rollout)
-    torch.testing.assert_close(likelihood.logp, rollout.logp.transpose(0, 1), rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(likelihood.logp, rollout.logp, rtol=1e-9, atol=1e-9)
     unguided = rollout_logprob(tiny, rollout, cfg="none")
     assert not torch.allclose(unguided.logp, likelihood.logp)  # CFG 3 on eps changes the policy
 

@@ -333,14 +333,14 @@ def test_generate_and_recompute_the_recorded_logprobs(tiny64, tiny, positions):
     rollout = generate(tiny64, prompts, config, seeds, sampler=tiny64.make_sampler(5))
     assert rollout.images.shape == (3, 3, 64, 64) and torch.isfinite(rollout.images).all()
     assert 0 <= rollout.images.min() and rollout.images.max() <= 1 and rollout.images.std() > 0
-    assert rollout.logp.shape[:2] == (3, 3) and rollout.logp.abs().sum() > 0
+    assert rollout.logp.shape[:2] == (3, 3) and rollout.logp.abs().sum() > 0  # [T, B, L]
     recomputed = rollout_logprob(tiny64, rollout)
-    torch.testing.assert_close(recomputed.logp, rollout.logp.transpose(0, 1), rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(recomputed.logp, rollout.logp, rtol=1e-9, atol=1e-9)
     assert recomputed.logp.requires_grad
     # fp32 (noise drawn in fp32, so other samples): recomputed to fp32 tolerance
     rollout32 = generate(tiny, prompts, config, seeds, sampler=tiny.make_sampler(5))
     assert torch.isfinite(rollout32.images).all() and rollout32.logp.abs().sum() > 0
-    torch.testing.assert_close(rollout_logprob(tiny, rollout32).logp, rollout32.logp.transpose(0, 1), rtol=2e-5, atol=1e-5)
+    torch.testing.assert_close(rollout_logprob(tiny, rollout32).logp, rollout32.logp, rtol=2e-5, atol=1e-5)
 
 
 def test_nova_schedule_has_63_effective_steps_at_the_real_size():

@@ -275,7 +275,7 @@ def _recorded(rollout, b, j):
     R, P = rollout.plan.num_diffusion_steps, rollout.step_positions_count(j)
     part = rollout.l_slice(j)
     fields = (rollout.x_t, rollout.x_prev, rollout.mean, rollout.std, rollout.logp)
-    return [f[b, :, part].reshape(rollout.num_trajectories, R, P, *f.shape[3:]).transpose(0, 1) for f in fields]
+    return [f[:, b, part].reshape(rollout.num_trajectories, R, P, *f.shape[3:]).transpose(0, 1) for f in fields]
 
 
 @pytest.mark.parametrize("overrides", [
@@ -294,7 +294,7 @@ def test_rollout_matches_plain_reference_at_the_planned_steps(backbone64, sample
     assert rollout.tokens.shape == (B, N, C) and rollout.seed_tokens.shape == (B, K, N, C)
     assert rollout.images.shape == (B, 3, 3, N // 3)
     L = R * sum(rollout.step_revealed(j) for j in range(M))
-    assert rollout.x_t.shape == (B, K + 1, L, C) and rollout.logp.shape == (B, K + 1, L)
+    assert rollout.x_t.shape == (K + 1, B, L, C) and rollout.logp.shape == (K + 1, B, L)
     assert rollout.pred_clean is None and rollout.pred_clean_prev is None
     effective = [s for s, n in enumerate(rollout.reveal_counts) if n > 0]
     for j, step in enumerate(rollout.plan.mask_steps):
@@ -334,9 +334,9 @@ def test_on_policy_recomputation_equals_recorded_logprobs(backbone, backbone64, 
     assert likelihood.logp.shape == (T, B, L) and likelihood.mean.shape == (T, B, L, model.token_channels)
     assert torch.isfinite(rollout.logp).all() and rollout.logp.abs().sum() > 0
     tol = dict(atol=1e-9, rtol=1e-9) if dtype == torch.float64 else dict(atol=1e-3, rtol=1e-4)
-    torch.testing.assert_close(likelihood.logp, rollout.logp.transpose(0, 1), **tol)
+    torch.testing.assert_close(likelihood.logp, rollout.logp, **tol)
     tol = dict(atol=1e-10, rtol=1e-10) if dtype == torch.float64 else dict(atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(likelihood.mean, rollout.mean.transpose(0, 1), **tol)
+    torch.testing.assert_close(likelihood.mean, rollout.mean, **tol)
     assert torch.equal(likelihood.mask, rollout.l_committed().expand(B, -1))
 
 
@@ -374,14 +374,15 @@ def test_select_and_to(backbone64, sampler):
     rollout = _run(backbone64, sampler, _config(cfg_scale=2.0, likelihood_positions="unknown"))
     part = rollout.select([2, 0])
     assert part.prompts == [PROMPTS[2], PROMPTS[0]]
-    for name in ("seeds", "order", "tokens", "seed_tokens", "images", "x_t", "x_prev", "mean", "std", "logp",
-                 "pred_clean", "pred_clean_prev"):
+    for name in ("seeds", "order", "tokens", "seed_tokens", "images", "pred_clean", "pred_clean_prev"):
         assert torch.equal(getattr(part, name), getattr(rollout, name)[[2, 0]]), name
+    for name in ("x_t", "x_prev", "mean", "std", "logp"):  # [T, B, L, ...]: images on axis 1
+        assert torch.equal(getattr(part, name), getattr(rollout, name)[:, [2, 0]]), name
     assert torch.equal(rollout.select(torch.tensor([False, True, True])).tokens, rollout.tokens[1:])
     assert torch.equal(rollout.select(slice(0, 2)).order, rollout.order[:2])
     with torch.no_grad():
         recomputed = rollout_logprob(backbone64, part).logp
-    torch.testing.assert_close(recomputed, rollout.logp[[2, 0]].transpose(0, 1), atol=1e-9, rtol=1e-9)
+    torch.testing.assert_close(recomputed, rollout.logp[:, [2, 0]], atol=1e-9, rtol=1e-9)
     moved = rollout.to("meta")
     assert all(getattr(moved, n).device.type == "meta" for n in moved._tensor_fields())
     assert rollout.tokens.device.type == "cpu"
@@ -394,7 +395,7 @@ def test_l_layout_helpers(backbone, sampler):
     rollout = _run(backbone, sampler, _config(likelihood_positions="unknown", record_mask_steps=4))
     B, N, M = 3, backbone.num_tokens, 4
     positions = rollout.l_positions()
-    assert positions.shape == rollout.logp.shape[::2]
+    assert positions.shape == rollout.logp.shape[1:]
     ids = torch.arange(N).expand(B, N)
     assert torch.equal(rollout.expand_to_l(ids), positions)
     per_step = torch.arange(M)[None, :, None].expand(B, M, N)
@@ -461,7 +462,7 @@ def test_different_samples_get_different_noise(backbone, sampler):
     plan = RecordPlan(mask_steps=(2,), diffusion_steps=((0, 1, 2),))
     one = _run(backbone, sampler, _config(record_mask_steps=1), seeds=[1, 2, 3], plan=plan)
     two = _run(backbone, sampler, _config(record_mask_steps=1), seeds=[1, 2, 4], plan=plan)
-    assert torch.equal(one.x_t[:2], two.x_t[:2]) and not torch.allclose(one.x_t[2], two.x_t[2])
+    assert torch.equal(one.x_t[:, :2], two.x_t[:, :2]) and not torch.allclose(one.x_t[:, 2], two.x_t[:, 2])
 
 
 # ---------------------------------------------------------------- "unknown" mode: predicted clean latents
@@ -544,7 +545,7 @@ def test_default_sampler_comes_from_the_backbone(backbone):
     from margrpo.rollout import generate
 
     rollout = generate(backbone, PROMPTS[:1], _config(num_diffusion_steps=5), [1])
-    assert rollout.sampler.num_steps == 5 and rollout.x_t.shape[0] == 1
+    assert rollout.sampler.num_steps == 5 and rollout.x_t.shape[1] == 1
     with pytest.raises(ValueError, match="num_diffusion_steps"):
         RolloutConfig(num_diffusion_steps=0)
 
@@ -571,4 +572,4 @@ def test_flow_sde_sampler_rollout_and_likelihood():
     assert all(not sampler.is_deterministic(i) for steps in rollout.plan.diffusion_steps for i in steps)
     assert torch.isfinite(rollout.tokens).all() and torch.isfinite(rollout.logp).all()
     likelihood = rollout_logprob(model, rollout)
-    torch.testing.assert_close(likelihood.logp, rollout.logp.transpose(0, 1), atol=1e-9, rtol=1e-9)
+    torch.testing.assert_close(likelihood.logp, rollout.logp, atol=1e-9, rtol=1e-9)

@@ -116,11 +116,11 @@ def test_recomputed_logprobs_equal_the_recorded_ones(request, variance, guidance
     rollout = generate(model, PROMPTS, _config(**guidance), SEEDS, sampler=sampler, plan=PLAN)
     assert torch.isfinite(rollout.logp).all() and rollout.logp.shape[2] > 0
     likelihood = rollout_logprob(model, rollout)
-    torch.testing.assert_close(likelihood.logp, rollout.logp.transpose(0, 1), rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(likelihood.mean, rollout.mean.transpose(0, 1), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(likelihood.logp, rollout.logp, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(likelihood.mean, rollout.mean, rtol=1e-12, atol=1e-12)
     assert not likelihood.mask.any()  # no transition belongs to a token committed at its step
     one = rollout_logprob(model, rollout, steps=[1])
-    torch.testing.assert_close(one.logp, rollout.logp[:, :, rollout.l_slice(1)].transpose(0, 1), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(one.logp, rollout.logp[:, :, rollout.l_slice(1)], rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("variance", ["fixed", "learned"])
@@ -145,10 +145,10 @@ def test_recorded_gaussian_is_the_policy_under_the_post_step_canvas(request, var
         guide = Guidance(config.cfg_scale, channels="eps")
         for r, i in enumerate(PLAN.diffusion_steps[j]):
             cols = slice(part.start + r * P, part.start + (r + 1) * P)
-            x_t, x_prev = rollout.x_t[:, :, cols], rollout.x_prev[:, :, cols]  # [B, T, P, C]
+            x_t, x_prev = rollout.x_t[:, :, cols], rollout.x_prev[:, :, cols]  # [T, B, P, C]
             t = torch.tensor(float(sampler.model_time(i))).double()
-            cond, uncond = (model.head(x_t.transpose(0, 1), t, half.reshape(B, P, -1)) for half in z_later)
-            out = guide.combine(cond, uncond, C).transpose(0, 1)
+            cond, uncond = (model.head(x_t, t, half.reshape(B, P, -1)) for half in z_later)
+            out = guide.combine(cond, uncond, C)
             mean, std = sampler.mean_std(out, x_t, i)
             torch.testing.assert_close(rollout.mean[:, :, cols], mean, rtol=1e-10, atol=1e-10)
             torch.testing.assert_close(rollout.std[:, :, cols], std.expand_as(x_t), rtol=1e-10, atol=1e-10)

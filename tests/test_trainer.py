@@ -114,7 +114,7 @@ def test_update_raises_the_likelihood_of_above_average_samples(tmp_path, tiny_ch
     advantages = trainer._advantages(captured["rewards"], prompts)
     with torch.no_grad():
         new_logp = rollout_logprob(trainer.policy, rollout).logp[0]
-    change = (new_logp - rollout.logp[:, 0]).mean(1)  # per sample
+    change = (new_logp - rollout.logp[0]).mean(1)  # per sample
     assert (advantages * change).sum() > 0
 
 

@@ -6,8 +6,9 @@ recorded transitions; they differ in how the work is organised:
 
   fused      margrpo.rollout.generate (at each step only the revealed tokens, all 1 + K trajectories in
              one batched head pass sharing the modulation; only the planned transitions recorded), then
-             one GRPO update: rollout_logprob of the policy (with grad) and of the frozen reference (no
-             grad) over the 12 recorded steps, the clipped loss + Gaussian KL, one backward, one AdamW step
+             one GRPO update, margrpo.grpo.update as the trainer runs it: the likelihood of the policy
+             (with grad) and of the frozen reference (no grad) over the 12 recorded steps, the clipped
+             loss + Gaussian KL, one backward, gradient clipping, one AdamW step
   reference  as AMAP-ML/mar-grpo does it: at each kept mask step the head denoises ALL tokens (one chain,
              the official per-call head forward), the K seed chains run after the rollout over all tokens
              under their commit-time z, one Python loop per seed; then, per kept mask step, a policy and a
@@ -35,11 +36,11 @@ import torch
 
 from margrpo.bench.denoise import time_ms
 from margrpo.bench.machine import machine_description
-from margrpo.grpo.objective import chunk_loss, token_weights
+from margrpo.grpo import GRPOConfig, update
 from margrpo.heads import MultiSeedSamples
 from margrpo.heads.reference import eager_denoise_logprob, eager_multi_seed_denoise
 from margrpo.models import harmon
-from margrpo.rollout import RolloutConfig, choose_plan, effective_steps, generate, mask_schedule, rollout_logprob
+from margrpo.rollout import RolloutConfig, choose_plan, effective_steps, generate, mask_schedule
 from margrpo.rollout.guidance import guidance_for, head_condition, prompt_rows
 
 PROMPTS = ("a photo of a cat sitting on a red sofa", "a blue car parked next to a tall tree",
@@ -158,18 +159,11 @@ def reference_update(model, reference, optimizer, prompts: list[str], config: Ro
 
 # ---------------------------------------------------------------------- the fused path
 def fused_update(model, reference, optimizer, rollout, advantages: torch.Tensor, kl_beta: float = 0.01) -> None:
-    """One GRPO update the way margrpo.train does it (guided likelihood, clipped ratio, Gaussian KL)."""
-    optimizer.zero_grad(set_to_none=True)
-    lik = rollout_logprob(model, rollout)
-    with torch.no_grad():
-        ref = rollout_logprob(reference, rollout)
-    keep = torch.ones(rollout.batch_size, rollout.logp.shape[2], dtype=torch.bool, device=rollout.logp.device)
-    weights = token_weights(keep)
-    out = chunk_loss(lik.logp.float(), rollout.logp.transpose(0, 1), advantages, weights, mte_mask=None, clip_eps=0.2,
-                     clip_eps_high=None, kl_beta=kl_beta, kl_type="gaussian", kl_weights=weights, mean=lik.mean,
-                     ref_mean=ref.mean, std=rollout.std.transpose(0, 1))
-    out.loss.backward()
-    optimizer.step()
+    """One GRPO update by margrpo.grpo.update, the trainer's (guided likelihood, clipped ratio,
+    Gaussian KL, gradient clip 1), with the default algorithm switches."""
+    result = update(model, reference, rollout, advantages, GRPOConfig(kl_beta=kl_beta), optimizer)
+    if result.skipped:
+        raise RuntimeError(f"fused update: non-finite {result.skipped}")
 
 
 # ---------------------------------------------------------------------- driver

@@ -22,7 +22,6 @@ import dataclasses
 import tempfile
 import time
 from pathlib import Path
-from unittest import mock
 
 import torch
 
@@ -160,8 +159,8 @@ def nova_reference_grpo_step(policy, reference, optimizer, prompts: list[str], c
 def _nova_trainer(backbone, settings: NovaBenchSettings, device: torch.device, workdir: Path):
     """The shared trainer driving `backbone` (the in-memory random-init model stands in for a
     checkpoint directory), configured with the reference code's algorithm (the parity preset)."""
-    from margrpo.train import trainer as trainer_module
     from margrpo.train.config import load_config
+    from margrpo.train.trainer import Trainer
 
     prompt_file = workdir / "prompts.txt"
     prompt_file.write_text("\n".join(NOVA_PROMPTS) + "\n")
@@ -178,8 +177,7 @@ def _nova_trainer(backbone, settings: NovaBenchSettings, device: torch.device, w
         "grpo.mte_pixels_per_token=4", "grpo.consistency=true", "grpo.kl_beta=0.01",
         "rewards={jpeg_incompressibility: 1.0}", f"optim.bf16={str(device.type == 'cuda').lower()}", "optim.lr=1e-6",
     ]
-    with mock.patch.object(trainer_module, "build_backbone", lambda config, device: backbone):
-        return trainer_module.Trainer(load_config(None, overrides), create_run_dir=False)
+    return Trainer(load_config(None, overrides), create_run_dir=False, policy=backbone)
 
 
 def bench_nova(device: torch.device | str, settings: NovaBenchSettings | None = None, seed: int = 0) -> dict:

@@ -13,7 +13,7 @@ _backend.extension()
 from ._backend import available_backends, get_backend, set_backend, use_backend  # noqa: E402
 from .consistency import consistency_mask  # noqa: E402
 from .gaussian_logprob import gaussian_logprob  # noqa: E402
-from .grpo_surrogate import GRPOLoss, grpo_surrogate  # noqa: E402
+from .grpo_surrogate import GRPOLoss, grpo_surrogate, token_weights  # noqa: E402
 from .topk import topk_indices, topk_mask  # noqa: E402
 from .trajectory_std import trajectory_std  # noqa: E402
 
@@ -25,6 +25,7 @@ __all__ = [
     "get_backend",
     "grpo_surrogate",
     "set_backend",
+    "token_weights",
     "topk_indices",
     "topk_mask",
     "trajectory_std",

@@ -18,7 +18,7 @@ from . import _kernels, _validate, reference
 
 _MODULE = "grpo_surrogate"
 _KERNELS = ("grpo_surrogate_fwd",)
-_AGGREGATIONS = ("token_mean", "sample_mean")
+_AGGREGATIONS = ("token_mean", "sample_mean", "sum")
 
 
 class GRPOLoss(NamedTuple):
@@ -85,9 +85,18 @@ class _GRPOSurrogateFunction(torch.autograd.Function):
         return grad * grad_loss, None, None, None, None, None, None, None
 
 
-def _token_weights(mask: torch.Tensor, aggregation: str, dtype: torch.dtype) -> torch.Tensor:
-    """Normalised token weights [B, L] (sum 1 over the batch, or all 0 when nothing is kept)."""
+def token_weights(mask: torch.Tensor, aggregation: str = "token_mean", dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Token weights [B, L] in `dtype` from a mask [B, L] (bool, or non-negative float weights).
+
+    token_mean: every kept token weighs the same; sample_mean: each sample that keeps any token
+    weighs the same, split evenly over its kept tokens. Either sums to 1 over the batch (all 0 when
+    nothing is kept), so a loss may be evaluated chunk by chunk with aggregation "sum" on slices of
+    these weights and the chunk losses add up to the batch loss. "sum": the mask itself, as weights.
+    """
+    _validate.choice("aggregation", aggregation, _AGGREGATIONS)
     w = mask.to(dtype)
+    if aggregation == "sum":
+        return w
     if aggregation == "token_mean":
         total = w.sum()
         # a bool mask sums to a count, so clamping it at 1 only replaces an empty mask's 0
@@ -121,7 +130,9 @@ def grpo_surrogate(
         mte_mask: [B, L] bool or None: where True, the token's term is the mean over all T
             trajectories; elsewhere (and when None) trajectory 0 alone.
         aggregation: "token_mean": sum(w * term) / sum(w) over the whole batch; "sample_mean":
-            each sample's masked mean, then the mean over samples that keep any token.
+            each sample's masked mean, then the mean over samples that keep any token; "sum":
+            sum(w * term), the mask taken as final weights (e.g. `token_weights` of a whole batch,
+            sliced into chunks: the chunk losses then add up to the batch loss).
 
     Returns:
         GRPOLoss of 0-d float32 tensors (float64 for float64 logp); the loss is 0, ratio_mean 0 and
@@ -158,7 +169,7 @@ def grpo_surrogate(
     operand = _kernels.operand
     logp3 = operand(logp if logp.ndim == 3 else logp.unsqueeze(0), dtype)
     old3 = operand((old_logp if old_logp.ndim == 3 else old_logp.unsqueeze(0)).detach(), dtype)
-    weights = _token_weights(mask.detach(), aggregation, dtype).contiguous()
+    weights = token_weights(mask.detach(), aggregation, dtype).contiguous()
     args = (logp3, old3, operand(advantages.detach(), dtype), weights, mte_mask.contiguous(), clip_low, clip_high)
     # an empty batch: the reference returns the empty result without any kernel launch
     empty = logp3.numel() == 0

@@ -9,13 +9,14 @@ from .config import RolloutConfig
 from .generate import generate
 from .likelihood import RolloutLikelihood, rollout_logprob
 from .plan import RecordPlan, choose_plan
-from .record import Rollout
+from .record import Rollout, RolloutChunk
 from .schedule import effective_steps, harmon_schedule, mask_schedule, nova_schedule
 from .seeding import group_seeds, make_generators, sample_seed
 
 __all__ = [
     "RecordPlan",
     "Rollout",
+    "RolloutChunk",
     "RolloutConfig",
     "RolloutLikelihood",
     "choose_plan",

@@ -29,7 +29,7 @@ from .config import RolloutConfig
 from .guidance import forward_rows, guidance_for, head_condition, prompt_rows
 from .plan import RecordPlan, choose_plan, stochastic_steps
 from .post_step import drop_committed, score_transitions
-from .record import RECORDED, Rollout, head_to_l_layout
+from .record import RECORDED, Rollout, head_to_rollout
 from .schedule import effective_steps, mask_schedule
 from .seeding import make_generators, plan_seed
 
@@ -161,7 +161,7 @@ def generate(
                 backbone.head, head_condition(z, cond, later), sampler, plan.diffusion_steps[j_prev],
                 drawn["x_t"], drawn["x_prev"], guidance_for(config, cfg_scales[j_prev]), config.temperature,
             )
-            records[j_prev].update({name: head_to_l_layout(value, B, later.shape[1])
+            records[j_prev].update({name: head_to_rollout(value, B, later.shape[1])
                                     for name, value in zip(("logp", "mean", "std"), scored)})
             pending = None
         noise = _gather_rows(noise_bank, positions).reshape(B * P, diff_steps + 1, K + 1, C).permute(1, 2, 0, 3)
@@ -186,7 +186,7 @@ def generate(
             if post_step:  # only the positions still unknown after the step; scored at the next step
                 drawn, kept = {name: drop_committed(v, B, n) for name, v in drawn.items()}, positions[:, n:]
                 pending = (j, kept, drawn) if kept.shape[1] else None  # the final step keeps none
-            records[j] = {name: head_to_l_layout(value, B, kept.shape[1]) for name, value in drawn.items()}
+            records[j] = {name: head_to_rollout(value, B, kept.shape[1]) for name, value in drawn.items()}
             if unknown_mode:
                 predictions[j] = prediction
                 previous_predictions[j] = torch.zeros_like(canvas) if last_prediction is None else last_prediction
@@ -195,7 +195,7 @@ def generate(
 
     def cat(name: str, tail: tuple[int, ...]) -> torch.Tensor:
         parts = [r[name] for r in records]
-        return torch.cat(parts, 2) if parts else torch.zeros(B, K + 1, 0, *tail, device=device, dtype=dtype)
+        return torch.cat(parts, 2) if parts else torch.zeros(K + 1, B, 0, *tail, device=device, dtype=dtype)
 
     return Rollout(
         prompts=list(prompts),

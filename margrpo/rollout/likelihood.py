@@ -19,19 +19,19 @@ import torch
 from margrpo.heads import MultiSeedSamples, denoise_logprob
 
 from .guidance import forward_rows, guidance_for, head_condition, prompt_rows
-from .record import RECORDED, Rollout, head_to_l_layout, l_to_head_layout
+from .record import RECORDED, Rollout, head_to_rollout, rollout_to_head
 
 LIKELIHOOD_CFG = ("rollout", "none")
 
 
 @dataclass
 class RolloutLikelihood:
-    """logp fp32 [T, B, L]; mean fp32 [T, B, L, C] of the policy's transitions (for a Gaussian KL
-    against a reference model; the std of a fixed-variance sampler is the recorded one, a learned-range
-    variance depends on z and is not returned); mask bool [B, L]: True where the
-    transition's token was committed at its mask step (all True in "revealed" mode, all False with
-    the post-step known mask; in "unknown" mode the others are candidates for consistency-aware
-    selection). L covers the requested steps."""
+    """In the rollout's layout (margrpo.rollout.record), L covering the requested steps: logp fp32
+    [T, B, L]; mean fp32 [T, B, L, C] of the policy's transitions (for a Gaussian KL against a
+    reference model; the std of a fixed-variance sampler is the recorded one, a learned-range
+    variance depends on z and is not returned); mask bool [B, L]: True where the transition's token
+    was committed at its mask step (all True in "revealed" mode, all False with the post-step known
+    mask; in "unknown" mode the others are candidates for consistency-aware selection)."""
 
     logp: torch.Tensor
     mean: torch.Tensor
@@ -77,15 +77,15 @@ def rollout_logprob(
         record = MultiSeedSamples(
             x0=rollout.tokens.new_zeros(0),
             steps=rollout.plan.diffusion_steps[j],
-            **{name: l_to_head_layout(getattr(rollout, name)[:, :, part], R, P) for name in RECORDED},
+            **{name: rollout_to_head(getattr(rollout, name)[:, :, part], R, P) for name in RECORDED},
         )
         logp, mean = denoise_logprob(
             backbone.head, z_rows, rollout.sampler, record,
             cfg=guidance_for(rollout.config, rollout.cfg_scales[j], guided=guided),
             temperature=rollout.config.temperature, return_mean=True,
         )
-        logps.append(head_to_l_layout(logp, B, P).transpose(0, 1))
-        means.append(head_to_l_layout(mean, B, P).transpose(0, 1))
+        logps.append(head_to_rollout(logp, B, P))
+        means.append(head_to_rollout(mean, B, P))
         masks.append(committed[part].expand(B, -1))
     if not steps:
         T, C, empty = rollout.num_trajectories, rollout.tokens.shape[-1], rollout.tokens.new_zeros

@@ -1,17 +1,25 @@
-"""Rollout: what one MAR generation batch leaves for GRPO training, as batch-first tensors.
+"""Rollout: what one MAR generation batch leaves for GRPO training.
 
-Layout of the recorded transitions ("L layout"). A rollout records M mask steps (plan.mask_steps) and
-R diffusion steps inside each (plan.diffusion_steps[j]). At recorded mask step j the likelihood covers
-P_j token positions: the n_j tokens revealed at that step ("revealed" mode), the u_j positions still
-unknown before it ("unknown" mode; the first n_j of them are the ones committed at that step), or,
-with the post-step known mask, the u_j - n_j positions still unknown after it. The flat index over
-(j, r, p) is
+The recorded transitions have ONE layout, used by the Rollout, the training likelihood
+(margrpo.rollout.likelihood) and the loss (margrpo.grpo, margrpo.ops.grpo_surrogate) alike:
 
-    l = offset_j + r * P_j + p,    offset_j = R * (P_0 + ... + P_{j-1}),    L = R * sum_j P_j,
+    [T, B, L, ...]   trajectory, image, transition
 
-and T = 1 + K trajectories sit on their own axis (0 = the rollout's own trajectory, 1..K the extra
-seed trajectories sampled under the same z). Every image of a rollout shares the schedule and the
-plan, so P_j and L are the same for all images and no padding is needed.
+T = 1 + K trajectories (0 = the rollout's own trajectory, 1..K the extra seed trajectories sampled
+under the same z), B images, L recorded transitions per image. A rollout records M mask steps
+(plan.mask_steps) and R diffusion steps inside each (plan.diffusion_steps[j]). At recorded mask step
+j the likelihood covers P_j token positions: the n_j tokens revealed at that step ("revealed" mode),
+the u_j positions still unknown before it ("unknown" mode; the first n_j of them are the ones
+committed at that step), or, with the post-step known mask, the u_j - n_j positions still unknown
+after it. The flat index over (j, r, p) is
+
+    l = offset_j + r * P_j + p,    offset_j = R * (P_0 + ... + P_{j-1}),    L = R * sum_j P_j.
+
+Every image of a rollout shares the schedule and the plan, so P_j and L are the same for all images
+and no padding is needed. Per-transition masks and weights (selection, MTE) are [B, L]. The diffusion
+head batches differently, [R, T, B * P_j, ...] for one mask step (its step axis leads so the time
+broadcasts); `head_to_rollout` and `rollout_to_head` are the only conversions, used where the head
+is called (recording and the likelihood).
 
 The canvas and known mask of a recorded step's training forward are not stored: committed tokens
 never change, so they are exactly `where(known, tokens, 0)` with known = a prefix of the image's order
@@ -24,6 +32,8 @@ In both, the likelihood positions are the next P_j entries of the order, right a
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,18 +43,21 @@ from .config import RolloutConfig
 from .plan import RecordPlan
 
 RECORDED = ("x_t", "x_prev", "mean", "std", "logp")  # the per-transition fields, in the head's names
+# the transition fields [T, B, L, ...]: their image axis is 1 (every other tensor field's is 0)
+TRANSITIONS = (*RECORDED, "old_logp", "ref_logp", "ref_mean")
 
 
-def head_to_l_layout(values: torch.Tensor, B: int, P: int) -> torch.Tensor:
-    """The head's recorded [R, T, B*P, ...] (step, trajectory, image-major rows) -> [B, T, R*P, ...]."""
+def head_to_rollout(values: torch.Tensor, B: int, P: int) -> torch.Tensor:
+    """One mask step's head record [R, T, B*P, ...] (step, trajectory, image-major rows) -> the
+    rollout layout [T, B, R*P, ...]."""
     R, T, tail = values.shape[0], values.shape[1], values.shape[3:]
-    return values.reshape(R, T, B, P, *tail).movedim(2, 0).movedim(2, 1).reshape(B, T, R * P, *tail)
+    return values.reshape(R, T, B, P, *tail).movedim(0, 2).reshape(T, B, R * P, *tail)
 
 
-def l_to_head_layout(values: torch.Tensor, R: int, P: int) -> torch.Tensor:
-    """Inverse of head_to_l_layout: [B, T, R*P, ...] -> [R, T, B*P, ...]."""
-    B, T, tail = values.shape[0], values.shape[1], values.shape[3:]
-    return values.reshape(B, T, R, P, *tail).movedim(2, 0).movedim(2, 1).reshape(R, T, B * P, *tail)
+def rollout_to_head(values: torch.Tensor, R: int, P: int) -> torch.Tensor:
+    """Inverse of head_to_rollout: [T, B, R*P, ...] -> [R, T, B*P, ...]."""
+    T, B, tail = values.shape[0], values.shape[1], values.shape[3:]
+    return values.reshape(T, B, R, P, *tail).movedim(2, 0).reshape(R, T, B * P, *tail)
 
 
 @dataclass
@@ -59,10 +72,10 @@ class Rollout:
       seed_tokens        fp32  [B, K, N, C]    final clean latents of the K seed trajectories of every
                                                token at its commit step (uncertainty for MTE top-k)
       images             fp32  [B, 3, H, W]    backbone.decode(tokens), in [0, 1]
-    Recorded transitions (L layout, see the module docstring), T = K + 1:
-      x_t, x_prev, mean  fp32  [B, T, L, C]    input, output and policy mean of each transition
-      std                fp32  [B, T, L, C]    its std (per channel, as the head records it)
-      logp               fp32  [B, T, L]       log N(x_prev; mean, std^2) summed over channels
+    Recorded transitions (the [T, B, L] layout of the module docstring), T = K + 1:
+      x_t, x_prev, mean  fp32  [T, B, L, C]    input, output and policy mean of each transition
+      std                fp32  [T, B, L, C]    its std (per channel, as the head records it)
+      logp               fp32  [T, B, L]       log N(x_prev; mean, std^2) summed over channels
       With the post-step known mask, x_t and x_prev are the chain drawn at the step (under the
       pre-step canvas, as the reference code records them) while mean, std and logp are the
       policy's Gaussian under the post-step canvas, the one the likelihood scores them with.
@@ -77,6 +90,10 @@ class Rollout:
       reflects the change of z between the two steps, not fresh noise.
     Shared by the batch (plain Python): reveal_counts (S ints), plan, cfg_scales (the guidance scale
     used at each recorded step), config, sampler.
+    Set by a GRPO update before its loss (None until then; `with_update_values`), [T, B, L(, C)]:
+      old_logp           the log-probs the update's ratio divides by, when they are not `logp`
+                         (an update that scores without the rollout's guidance recomputes them)
+      ref_logp, ref_mean the frozen reference policy's log-probs and means of the transitions
 
     Float tensors are fp32 (fp64 when the backbone is fp64, for exact tests).
 
@@ -105,6 +122,9 @@ class Rollout:
     cfg_scales: tuple[float, ...]
     config: RolloutConfig
     sampler: Any
+    old_logp: torch.Tensor | None = None
+    ref_logp: torch.Tensor | None = None
+    ref_mean: torch.Tensor | None = None
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -117,7 +137,12 @@ class Rollout:
 
     @property
     def num_trajectories(self) -> int:
-        return self.x_t.shape[1]
+        return self.x_t.shape[0]
+
+    @property
+    def num_transitions(self) -> int:
+        """L: recorded transitions per image and trajectory."""
+        return self.logp.shape[2]
 
     def step_start(self, j: int) -> int:
         """Tokens known before recorded mask step j."""
@@ -144,6 +169,16 @@ class Rollout:
         n_j, or 0 with the post-step known mask (they are known there)."""
         return 0 if self.config.known_mask == "post_step" else self.step_revealed(j)
 
+    def effective_index(self, j: int) -> int:
+        """The position of recorded mask step j among the schedule's effective (revealing) steps."""
+        return sum(1 for n in self.reveal_counts[: self.plan.mask_steps[j]] if n > 0)
+
+    def committed(self, j: int) -> torch.Tensor:
+        """bool [B, N]: the tokens committed (revealed) at recorded mask step j."""
+        start = self.step_start(j)
+        mask = torch.zeros(self.order.shape, dtype=torch.bool, device=self.order.device)
+        return mask.scatter_(1, self.order[:, start : start + self.step_revealed(j)], True)
+
     def l_slice(self, j: int) -> slice:
         """The slice of the L axis that holds recorded mask step j (its R x P_j transitions)."""
         R = self.plan.num_diffusion_steps
@@ -163,6 +198,13 @@ class Rollout:
         known.scatter_(1, self.order[:, : self.known_count(j)], True)
         canvas = torch.where(known[..., None], self.tokens, self.tokens.new_zeros(()))
         return canvas, known
+
+    def columns(self, steps: Sequence[int] | None) -> torch.Tensor | slice:
+        """The L-axis columns of the recorded mask steps `steps` (all when None), in their order."""
+        if steps is None:
+            return slice(None)
+        parts = [torch.arange(self.l_slice(j).start, self.l_slice(j).stop) for j in steps]
+        return torch.cat(parts).to(self.order.device) if parts else self.order.new_zeros(0)
 
     def l_positions(self) -> torch.Tensor:
         """int64 [B, L]: the token position of every recorded transition."""
@@ -229,8 +271,23 @@ class Rollout:
         fields = {}
         for name in self._tensor_fields():
             tensor = getattr(self, name)
-            fields[name] = tensor.index_select(0, rows_t.to(tensor.device))
+            fields[name] = tensor.index_select(1 if name in TRANSITIONS else 0, rows_t.to(tensor.device))
         return dataclasses.replace(self, prompts=[self.prompts[i] for i in rows], **fields)
+
+    def with_update_values(self, *, old_logp: torch.Tensor | None = None, ref_logp: torch.Tensor | None = None,
+                           ref_mean: torch.Tensor | None = None) -> Rollout:
+        """A copy carrying the values a GRPO update scores against (see the class docstring); the
+        ones given must have the shape of logp (ref_mean: of mean)."""
+        given = {"old_logp": old_logp, "ref_logp": ref_logp, "ref_mean": ref_mean}
+        for name, value in given.items():
+            like = self.mean if name == "ref_mean" else self.logp
+            if value is not None and value.shape != like.shape:
+                raise ValueError(f"{name}: got shape {tuple(value.shape)}, expected {tuple(like.shape)} [T, B, L...]")
+        return dataclasses.replace(self, **{k: v for k, v in given.items() if v is not None})
+
+    def chunk(self, images: Sequence[int], steps: Sequence[int] | None = None) -> RolloutChunk:
+        """Images x recorded mask steps (all when None) of this rollout: a piece of a GRPO update."""
+        return RolloutChunk(self, list(images), None if steps is None else list(steps))
 
     # ------------------------------------------------------------------ memory
     def nbytes(self) -> int:
@@ -243,3 +300,51 @@ class Rollout:
         """The memory formula of the class docstring, in bytes."""
         floats = N * C * (1 + K) + 3 * H * W + (K + 1) * L * (4 * C + 1) + (2 * M * N * C if unknown_mode else 0)
         return 8 * B * (1 + N) + float_bytes * B * floats
+
+
+@dataclass
+class RolloutChunk:
+    """Some images and some recorded mask steps of a rollout, with what the loss of that piece reads:
+    the recorded (old) log-probs, std and reference values of its transitions, [T, b, l(, C)]."""
+
+    source: Rollout
+    images: list[int]
+    steps: list[int] | None  # recorded mask-step indices j; None: all
+
+    @functools.cached_property
+    def rollout(self) -> Rollout:
+        """The chunk's images (every recorded step): what the likelihood of the chunk evaluates."""
+        return self.source.select(self.images)
+
+    @functools.cached_property
+    def _columns(self) -> torch.Tensor | slice:
+        return self.source.columns(self.steps)
+
+    def take(self, values: torch.Tensor) -> torch.Tensor:
+        """Per-transition values of the whole rollout, [B, L] (masks, weights) or [T, B, L, ...]
+        (log-probs, means), cut to this chunk's images and columns."""
+        B, L = self.source.batch_size, self.source.num_transitions
+        rows = torch.tensor(self.images, dtype=torch.long, device=values.device)
+        if values.dim() == 2 and values.shape == (B, L):
+            return values.index_select(0, rows)[:, self._columns]
+        if values.dim() >= 3 and values.shape[1:3] == (B, L):
+            return values.index_select(1, rows)[:, :, self._columns]
+        raise ValueError(f"values: got shape {tuple(values.shape)}, expected [B={B}, L={L}] or [T, B, L, ...]")
+
+    @property
+    def old_logp(self) -> torch.Tensor:
+        """[T, b, l]: the log-probs the ratio divides by (the recorded logp unless an update set old_logp)."""
+        source = self.source
+        return self.take(source.logp if source.old_logp is None else source.old_logp)
+
+    @property
+    def std(self) -> torch.Tensor:
+        return self.take(self.source.std)
+
+    @property
+    def ref_logp(self) -> torch.Tensor | None:
+        return None if self.source.ref_logp is None else self.take(self.source.ref_logp)
+
+    @property
+    def ref_mean(self) -> torch.Tensor | None:
+        return None if self.source.ref_mean is None else self.take(self.source.ref_mean)

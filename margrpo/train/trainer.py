@@ -8,7 +8,6 @@ only LoRA adapters train (grpo.lora), the policy itself with its adapters disabl
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import dataclasses
 import json
@@ -23,10 +22,9 @@ import torch
 import yaml
 
 from margrpo.config import to_dict
+from margrpo.grpo import Collectives, update
 from margrpo.grpo import advantages as adv_mod
-from margrpo.grpo.objective import chunk_loss, token_weights
-from margrpo.grpo.selection import consistency_keep, mte_token_mask
-from margrpo.rollout import choose_plan, generate, mask_schedule, rollout_logprob, sample_seed
+from margrpo.rollout import choose_plan, generate, mask_schedule, sample_seed
 
 from . import checkpoint as ckpt
 from . import distributed as dist_utils
@@ -66,7 +64,9 @@ def _resolve_device(name: str) -> torch.device:
 
 
 class Trainer:
-    def __init__(self, config: TrainerConfig, create_run_dir: bool = True):
+    def __init__(self, config: TrainerConfig, create_run_dir: bool = True, policy=None):
+        """policy: a backbone already in memory (e.g. a random-init benchmark model) instead of the one
+        config.backbone loads."""
         self.config = config
         run = config.run
         if run.threads:
@@ -77,7 +77,7 @@ class Trainer:
         self.out_dir = Path(run.out_dir)
         self.is_main = self.rank == 0
 
-        self.policy = build_backbone(config.backbone, self.device)
+        self.policy = build_backbone(config.backbone, self.device) if policy is None else policy
         self.sampler = self.policy.make_sampler(config.backbone.diffusion_steps)
         self._configure_trainable()
         self.reference = None  # a frozen copy of the starting policy, when the KL needs one
@@ -87,6 +87,11 @@ class Trainer:
         self.sharded = run.parallel == "fsdp2" and dist_utils.active()
         if self.sharded:  # after the reference copy (which stays whole) and before the optimizer
             dist_utils.shard_fsdp2(self.policy, self.device)
+        self.collectives = Collectives(
+            all_ranks=dist_utils.all_ranks, clip_grad_norm=dist_utils.clip_grad_norm, mean=dist_utils.mean,
+            # FSDP2 reduce-scatters the gradients in backward already
+            reduce_gradients=(lambda module: None) if self.sharded else dist_utils.average_gradients,
+        )
         self.reward = self._build_reward()
         self.train_prompts, self.eval_prompts = self._load_prompts()
         self.optimizer, self.scheduler = self._build_optimizer()
@@ -128,17 +133,13 @@ class Trainer:
         # frozen head: no parameter updates, but gradients still flow through it into z
         self.policy.head.requires_grad_(g.head != "frozen")
 
-    @contextlib.contextmanager
     def _reference_policy(self):
-        """The frozen reference policy of the KL term: the base weights (the policy itself with its
-        LoRA adapters disabled) when training LoRA, else the frozen copy of the starting policy."""
-        if self.config.grpo.lora.rank:
-            with lora_utils.adapters_disabled(self.policy):
-                yield self.policy
-            return
-        # same forward mode as the policy's likelihood (a model flag may change the training forward)
-        self.reference.train(self.policy.training)
-        yield self.reference
+        """The frozen reference policy of the KL term: the base weights (a context in which the policy
+        runs with its LoRA adapters disabled) when training LoRA, else the frozen copy of the starting
+        policy; None without a KL term."""
+        if self.config.grpo.kl_beta > 0 and self.config.grpo.lora.rank:
+            return lora_utils.adapters_disabled(self.policy)
+        return self.reference
 
     def _build_optimizer(self):
         o = self.config.optim
@@ -209,84 +210,8 @@ class Trainer:
         mine = slice(self.rank * rewards.numel(), (self.rank + 1) * rewards.numel())
         return advantages[mine]
 
-    def _selection(self, rollout) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(keep [B, L]: transitions in the policy term, mte_mask [B, L] or None)."""
-        g = self.config.grpo
-        B = rollout.batch_size
-        L = rollout.logp.shape[2]
-        keep = torch.ones(B, L, dtype=torch.bool, device=rollout.logp.device)
-        if g.consistency:
-            per_step = torch.ones(B, rollout.plan.num_mask_steps, rollout.num_tokens, dtype=torch.bool, device=keep.device)
-            effective = [i for i, n in enumerate(rollout.reveal_counts) if n > 0]
-            for j, mask_step in enumerate(rollout.plan.mask_steps):
-                if effective.index(mask_step) < g.consistency_start_step:
-                    continue
-                committed = torch.zeros(B, rollout.num_tokens, dtype=torch.bool, device=keep.device)
-                start = rollout.step_start(j)
-                committed.scatter_(1, rollout.order[:, start:start + rollout.step_revealed(j)], True)
-                per_step[:, j] = consistency_keep(
-                    rollout.pred_clean_prev[:, j], rollout.pred_clean[:, j], rollout.tokens, committed,
-                    g.consistency_threshold,
-                )
-            keep = rollout.expand_to_l(per_step)
-        mte = None
-        if g.mte:
-            seeds_first = rollout.seed_tokens.transpose(0, 1)  # [K, B, N, C]
-            mte = rollout.expand_to_l(mte_token_mask(seeds_first, g.mte_ratio, g.mte_pixels_per_token))
-        return keep, mte
-
-    def _likelihood(self, model, rollout, steps=None):
-        autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.config.optim.bf16)
-        with autocast:
-            return rollout_logprob(model, rollout, cfg=self.config.grpo.likelihood_cfg, steps=steps)
-
-    def _minibatches(self, rollout) -> list[list[tuple[list[int], list[int] | None]]]:
-        """Optimizer minibatches, each a list of (image indices, recorded mask steps or None = all)
-        micro-batches whose gradients accumulate into one update."""
-        g = self.config.grpo
-        B, M = rollout.batch_size, rollout.plan.num_mask_steps
-        if g.minibatch_over == "mask_steps":
-            parts = [sorted(list(range(M))[i::g.minibatches]) for i in range(g.minibatches)]
-            groups = [(list(range(B)), p) for p in parts if p]
-        else:
-            size = math.ceil(B / g.minibatches)
-            groups = [(list(range(s, min(B, s + size))), None) for s in range(0, B, size)]
-        out = []
-        for images, steps in groups:
-            if g.micro_batch_over == "mask_steps":
-                steps = list(range(M)) if steps is None else steps
-                out.append([(images, sorted(steps[i::g.micro_batches])) for i in range(g.micro_batches) if steps[i::g.micro_batches]])
-            else:
-                size = math.ceil(len(images) / g.micro_batches)
-                out.append([(images[i:i + size], steps) for i in range(0, len(images), size)])
-        return out
-
-    def _chunk_loss(self, images, mask_steps, *, rollout, old_logp, advantages, weights, mte, kl_weights, reference):
-        """The loss of some images' recorded transitions (some mask steps, or all), recomputed with
-        gradient under the current policy; weights are batch-normalised, so chunk losses add up."""
-        g = self.config.grpo
-        lik = self._likelihood(self.policy, rollout.select(images), steps=mask_steps)
-        cols = self._columns(rollout, mask_steps)
-
-        def rows_cols(values: torch.Tensor) -> torch.Tensor:  # [B, L] -> this chunk
-            return values[images][:, cols]
-
-        def traj_rows_cols(values: torch.Tensor) -> torch.Tensor:  # [T, B, L, ...] -> this chunk
-            return values[:, images][:, :, cols]
-
-        old = lik.logp.detach() if g.objective == "reinforce" else traj_rows_cols(old_logp)
-        ref = {}
-        if reference is not None:
-            ref = dict(ref_mean=traj_rows_cols(reference.mean), ref_logp=traj_rows_cols(reference.logp))
-        return chunk_loss(
-            lik.logp.float(), old, advantages[images], rows_cols(weights),
-            mte_mask=None if mte is None else rows_cols(mte), clip_eps=g.clip_eps, clip_eps_high=g.clip_eps_high,
-            kl_beta=g.kl_beta if reference is not None else 0.0, kl_type=g.kl_type, kl_weights=rows_cols(kl_weights),
-            mean=lik.mean, std=traj_rows_cols(rollout.std.transpose(0, 1)), **ref,
-        )
-
     def train_step(self) -> dict[str, float]:
-        g, step = self.config.grpo, self.step
+        step = self.step
         timings = {}
         t0 = time.perf_counter()
         prompts, seeds, _ = self._step_prompts(step)
@@ -305,70 +230,23 @@ class Trainer:
 
         t0 = time.perf_counter()
         advantages = self._advantages(rewards, prompts)
-        keep, mte = self._selection(rollout)
-        weights = token_weights(keep, g.aggregation)
-        kl_weights = torch.full_like(weights, 1.0 / max(1, weights.numel()))
-        old_logp = rollout.logp.transpose(0, 1)  # [T, B, L]
-        recompute_old = g.likelihood_cfg == "none" and self.config.rollout.uses_cfg
-        if recompute_old and g.objective == "clip":
-            with torch.no_grad():  # old log-probs under the same (unguided) likelihood as the update
-                old_logp = self._likelihood(self.policy, rollout).logp.float()
-        reference = None
-        self.policy.train()
-        if g.kl_beta > 0:
-            with torch.no_grad(), self._reference_policy() as model:
-                reference = self._likelihood(model, rollout)
-
-        sums = dict(loss=0.0, policy=0.0, kl=0.0, clip_fraction=0.0, approx_kl=0.0, ratio_mean=0.0)
-        ratio_max, grad_norms, updates = 1.0, [], 0
-        context = dict(rollout=rollout, old_logp=old_logp, advantages=advantages, weights=weights, mte=mte,
-                       kl_weights=kl_weights, reference=reference)
-        for _ in range(g.inner_epochs):
-            for minibatch in self._minibatches(rollout):
-                self.optimizer.zero_grad(set_to_none=True)
-                for images, mask_steps in minibatch:  # micro-batches accumulate into one update
-                    out = self._chunk_loss(images, mask_steps, **context)
-                    if not dist_utils.all_ranks(torch.isfinite(out.loss)):
-                        self.optimizer.zero_grad(set_to_none=True)
-                        return self._skip("loss", metrics, timings)
-                    out.loss.backward()
-                    for key in sums:
-                        sums[key] += float(getattr(out, key).detach())
-                    ratio_max = max(ratio_max, float(out.ratio_max))
-                if not self.sharded:  # FSDP2 reduce-scattered the gradients in backward already
-                    dist_utils.average_gradients(self.policy)
-                params = [p for p in self.policy.parameters() if p.grad is not None]
-                norm = dist_utils.clip_grad_norm(params, self.config.optim.grad_clip) if params else torch.zeros(())
-                if not torch.isfinite(norm):
-                    self.optimizer.zero_grad(set_to_none=True)
-                    return self._skip("gradient", metrics, timings)
-                self.optimizer.step()
-                updates += 1
-                grad_norms.append(norm.item())
+        outcome = update(self.policy, self._reference_policy(), rollout, advantages, self.config.grpo,
+                         self.optimizer, grad_clip=self.config.optim.grad_clip, bf16=self.config.optim.bf16,
+                         collectives=self.collectives)
+        if outcome.skipped:
+            return self._skip(outcome.skipped, metrics, timings)
         self.scheduler.step()
         timings["time/train"] = time.perf_counter() - t0
         self.bad_steps = 0
-        epochs = g.inner_epochs
-        metrics.update({k: dist_utils.mean(v / epochs) for k, v in sums.items()})
+        metrics.update(outcome.metrics)
         metrics.update({
-            "ratio_max": ratio_max, "grad_norm": sum(grad_norms) / max(1, len(grad_norms)), "updates": updates,
             "advantage_mean": advantages.mean().item(), "advantage_abs_mean": advantages.abs().mean().item(),
-            "selected_fraction": keep.float().mean().item(),
-            "mte_fraction": float("nan") if mte is None else mte.float().mean().item(),
             "lr": self.scheduler.get_last_lr()[0], "skipped_total": self.skipped_total,
         })
         total_time = sum(timings.values())
         metrics.update(timings)
         metrics["images_per_s"] = len(prompts) * self.world / max(total_time, 1e-9)
         return metrics
-
-    @staticmethod
-    def _columns(rollout, mask_steps) -> torch.Tensor | slice:
-        """L-axis columns of the given recorded mask steps (all when None)."""
-        if mask_steps is None:
-            return slice(None)
-        cols = [torch.arange(rollout.l_slice(j).start, rollout.l_slice(j).stop) for j in mask_steps]
-        return torch.cat(cols).to(rollout.logp.device)
 
     def _skip(self, what: str, metrics: dict, timings: dict) -> dict:
         """A non-finite reward, loss or gradient: skip the update, count it, stop after too many."""

@@ -1,0 +1,186 @@
+"""update(): one GRPO update of a policy on a recorded rollout (margrpo.grpo.update).
+
+    from margrpo.grpo import GRPOConfig, update
+    result = update(policy, reference, rollout, advantages, GRPOConfig(...), optimizer)
+
+In order: the token selection (consistency-aware selection, uncertainty top-k for the multi-trajectory
+expectation), the token weights (normalised once over the batch), the old log-probs when the update
+scores without the rollout's guidance, the frozen reference's likelihood for the KL, then per epoch
+and optimizer minibatch: the loss of every micro-batch (images x recorded mask steps) recomputed with
+gradient under the policy, backward, gradient averaging over ranks, clipping and one optimizer step.
+
+The trainer (margrpo.train), `margrpo bench step` and the GPU benchmarks all run this function. It
+reads no model code beyond the MARBackbone interface that margrpo.rollout.rollout_logprob uses, and
+talks to other ranks only through `Collectives` (one process by default).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from margrpo import ops
+from margrpo.rollout import Rollout, RolloutChunk, rollout_logprob
+from margrpo.rollout.likelihood import RolloutLikelihood
+
+from .config import GRPOConfig
+from .objective import chunk_loss
+from .selection import consistency_keep, mte_token_mask
+
+STATS = ("loss", "policy", "kl", "clip_fraction", "approx_kl", "ratio_mean")
+
+
+@dataclass
+class Collectives:
+    """How an update agrees with the other ranks of a data-parallel run. The defaults are those of
+    one process; margrpo.train passes its torch.distributed versions."""
+
+    all_ranks: Callable[[object], bool] = bool  # True when a flag holds on every rank
+    reduce_gradients: Callable[[torch.nn.Module], None] = lambda module: None  # average .grad over ranks
+    clip_grad_norm: Callable[[list, float], torch.Tensor] = torch.nn.utils.clip_grad_norm_  # -> the norm before
+    mean: Callable[[float], float] = float  # the mean of a number over ranks
+
+
+@dataclass
+class UpdateResult:
+    """metrics: the update's loss terms (summed over micro-batches, averaged over epochs and ranks),
+    ratio_max, grad_norm (mean over optimizer steps), updates, selected_fraction, mte_fraction (nan
+    without MTE). skipped: None, or "loss" / "gradient" when a non-finite value on some rank stopped
+    the update before its optimizer step (gradients zeroed; earlier steps of the call stand)."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    skipped: str | None = None
+
+
+def likelihood(model, rollout: Rollout, config: GRPOConfig, steps=None, bf16: bool = False) -> RolloutLikelihood:
+    """The training likelihood of `rollout`'s recorded transitions under `model` (the guidance of
+    config.likelihood_cfg), some recorded mask steps or all, autocast to bf16 when asked."""
+    device = rollout.tokens.device
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+        return rollout_logprob(model, rollout, cfg=config.likelihood_cfg, steps=steps)
+
+
+def token_selection(rollout: Rollout, config: GRPOConfig) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(keep bool [B, L]: the transitions in the policy term, mte bool [B, L] or None: those whose
+    term averages all trajectories). Consistency-aware selection applies from the effective mask step
+    config.consistency_start_step on; a step's committed tokens are always kept."""
+    B, M, N = rollout.batch_size, rollout.plan.num_mask_steps, rollout.num_tokens
+    keep = torch.ones(B, rollout.num_transitions, dtype=torch.bool, device=rollout.logp.device)
+    if config.consistency:
+        per_step = torch.ones(B, M, N, dtype=torch.bool, device=keep.device)
+        for j in range(M):
+            if rollout.effective_index(j) >= config.consistency_start_step:
+                per_step[:, j] = consistency_keep(rollout.pred_clean_prev[:, j], rollout.pred_clean[:, j],
+                                                  rollout.tokens, rollout.committed(j), config.consistency_threshold)
+        keep = rollout.expand_to_l(per_step)
+    mte = None
+    if config.mte:
+        seeds_first = rollout.seed_tokens.transpose(0, 1)  # [K, B, N, C]
+        mte = rollout.expand_to_l(mte_token_mask(seeds_first, config.mte_ratio, config.mte_pixels_per_token))
+    return keep, mte
+
+
+def minibatches(rollout: Rollout, config: GRPOConfig) -> list[list[tuple[list[int], list[int] | None]]]:
+    """Optimizer minibatches, each a list of (image indices, recorded mask steps or None = all)
+    micro-batches whose gradients accumulate into one optimizer step."""
+    B, M = rollout.batch_size, rollout.plan.num_mask_steps
+    if config.minibatch_over == "mask_steps":
+        parts = [sorted(list(range(M))[i::config.minibatches]) for i in range(config.minibatches)]
+        groups = [(list(range(B)), p) for p in parts if p]
+    else:
+        size = math.ceil(B / config.minibatches)
+        groups = [(list(range(s, min(B, s + size))), None) for s in range(0, B, size)]
+    out = []
+    for images, steps in groups:
+        if config.micro_batch_over == "mask_steps":
+            steps = list(range(M)) if steps is None else steps
+            parts = [sorted(steps[i::config.micro_batches]) for i in range(config.micro_batches)]
+            out.append([(images, p) for p in parts if p])
+        else:
+            size = math.ceil(len(images) / config.micro_batches)
+            out.append([(images[i:i + size], steps) for i in range(0, len(images), size)])
+    return out
+
+
+def _chunk_loss(policy, chunk: RolloutChunk, advantages, weights, mte, kl_weights, config: GRPOConfig, bf16: bool):
+    """The loss of one chunk, recomputed with gradient under the policy."""
+    lik = likelihood(policy, chunk.rollout, config, steps=chunk.steps, bf16=bf16)
+    old = lik.logp.detach() if config.objective == "reinforce" else chunk.old_logp
+    kl_beta = config.kl_beta if chunk.ref_logp is not None else 0.0
+    rows = torch.tensor(chunk.images, dtype=torch.long, device=advantages.device)
+    return chunk_loss(
+        lik.logp.float(), old, advantages.index_select(0, rows), chunk.take(weights),
+        mte_mask=None if mte is None else chunk.take(mte), clip_eps=config.clip_eps,
+        clip_eps_high=config.clip_eps_high, kl_beta=kl_beta, kl_type=config.kl_type,
+        kl_weights=chunk.take(kl_weights), mean=lik.mean, std=chunk.std, ref_mean=chunk.ref_mean,
+        ref_logp=chunk.ref_logp,
+    )
+
+
+def update(policy, reference, rollout: Rollout, advantages: torch.Tensor, config: GRPOConfig, optimizer, *,
+           grad_clip: float = 1.0, bf16: bool = False, collectives: Collectives | None = None) -> UpdateResult:
+    """One GRPO update of `policy` (a MARBackbone whose trainable parameters `optimizer` steps) on
+    `rollout` (margrpo.rollout.generate, by the policy in the mode it is in now) with advantages [B].
+
+    reference: the frozen reference policy of the KL term (a module), a context manager that yields
+    it (e.g. the policy with its LoRA adapters disabled), or None when config.kl_beta is 0. Old
+    log-probs that need recomputing are scored in the policy's current mode (the rollout's); the
+    policy then trains in training mode, and a reference module runs in the same mode.
+    grad_clip: max gradient norm per optimizer step; bf16: autocast the likelihood forwards.
+    The gradients are zeroed before every optimizer step, so `optimizer` sees only this update's.
+    """
+    collectives = collectives or Collectives()
+    B = rollout.batch_size
+    if advantages.shape != (B,):
+        raise ValueError(f"advantages: got shape {tuple(advantages.shape)}, expected ({B},), one per image of rollout")
+    if config.kl_beta > 0 and reference is None:
+        raise ValueError(f"reference: got None with grpo.kl_beta={config.kl_beta}, expected the frozen reference "
+                         "policy (or set kl_beta to 0)")
+    keep, mte = token_selection(rollout, config)
+    weights = ops.token_weights(keep, config.aggregation, rollout.logp.dtype)
+    kl_weights = torch.full_like(weights, 1.0 / max(1, weights.numel()))
+
+    if config.likelihood_cfg == "none" and rollout.config.uses_cfg and config.objective == "clip":
+        with torch.no_grad():  # old log-probs under the same (unguided) likelihood as the update
+            rollout = rollout.with_update_values(old_logp=likelihood(policy, rollout, config, bf16=bf16).logp.float())
+    policy.train()
+    if config.kl_beta > 0:
+        context = contextlib.nullcontext(reference) if isinstance(reference, torch.nn.Module) else reference
+        with torch.no_grad(), context as model:
+            model.train(policy.training)  # the same forward mode as the policy's likelihood
+            ref = likelihood(model, rollout, config, bf16=bf16)
+        rollout = rollout.with_update_values(ref_logp=ref.logp, ref_mean=ref.mean)
+
+    sums = dict.fromkeys(STATS, 0.0)
+    ratio_max, grad_norms = 1.0, []
+    for _ in range(config.inner_epochs):
+        for minibatch in minibatches(rollout, config):
+            optimizer.zero_grad(set_to_none=True)
+            for images, steps in minibatch:  # micro-batches accumulate into one optimizer step
+                out = _chunk_loss(policy, rollout.chunk(images, steps), advantages, weights, mte, kl_weights,
+                                  config, bf16)
+                if not collectives.all_ranks(torch.isfinite(out.loss)):
+                    optimizer.zero_grad(set_to_none=True)
+                    return UpdateResult(skipped="loss")
+                out.loss.backward()
+                for key in STATS:
+                    sums[key] += float(getattr(out, key).detach())
+                ratio_max = max(ratio_max, float(out.ratio_max))
+            collectives.reduce_gradients(policy)
+            params = [p for p in policy.parameters() if p.grad is not None]
+            norm = collectives.clip_grad_norm(params, grad_clip) if params else torch.zeros(())
+            if not torch.isfinite(norm):
+                optimizer.zero_grad(set_to_none=True)
+                return UpdateResult(skipped="gradient")
+            optimizer.step()
+            grad_norms.append(norm.item())
+    metrics = {key: collectives.mean(value / config.inner_epochs) for key, value in sums.items()}
+    metrics.update({
+        "ratio_max": ratio_max, "grad_norm": sum(grad_norms) / max(1, len(grad_norms)), "updates": len(grad_norms),
+        "selected_fraction": keep.float().mean().item(),
+        "mte_fraction": float("nan") if mte is None else mte.float().mean().item(),
+    })
+    return UpdateResult(metrics)
