@@ -112,7 +112,7 @@ def _chunk_loss(policy, chunk: RolloutChunk, advantages, weights, mte, kl_weight
     kl_beta = config.kl_beta if chunk.ref_logp is not None else 0.0
     rows = torch.tensor(chunk.images, dtype=torch.long, device=advantages.device)
     return chunk_loss(
-        lik.logp.float(), old, advantages.index_select(0, rows), chunk.take(weights),
+        lik.logp, old, advantages.index_select(0, rows), chunk.take(weights),
         mte_mask=None if mte is None else chunk.take(mte), clip_eps=config.clip_eps,
         clip_eps_high=config.clip_eps_high, kl_beta=kl_beta, kl_type=config.kl_type,
         kl_weights=chunk.take(kl_weights), mean=lik.mean, std=chunk.std, ref_mean=chunk.ref_mean,
@@ -145,7 +145,7 @@ def update(policy, reference, rollout: Rollout, advantages: torch.Tensor, config
 
     if config.likelihood_cfg == "none" and rollout.config.uses_cfg and config.objective == "clip":
         with torch.no_grad():  # old log-probs under the same (unguided) likelihood as the update
-            rollout = rollout.with_update_values(old_logp=likelihood(policy, rollout, config, bf16=bf16).logp.float())
+            rollout = rollout.with_update_values(old_logp=likelihood(policy, rollout, config, bf16=bf16).logp)
     policy.train()
     if config.kl_beta > 0:
         context = contextlib.nullcontext(reference) if isinstance(reference, torch.nn.Module) else reference

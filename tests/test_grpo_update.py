@@ -1,0 +1,264 @@
+"""margrpo.grpo.update and the rollout layout it reads: the update's gradient equals a plain-torch
+recomputation of the full-batch GRPO loss (float64 TinyMAR), chunked losses equal the formula the
+loss had before token weights were normalised only once, and the Rollout's chunk bookkeeping."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from margrpo import ops
+from margrpo.grpo import GRPOConfig, update
+from margrpo.grpo.objective import chunk_loss
+from margrpo.heads import reinit_zero_layers_
+from margrpo.models.tiny import TinyMAR, TinyMARConfig
+from margrpo.rollout import RecordPlan, RolloutConfig, generate, rollout_logprob
+from margrpo.rollout.record import head_to_rollout, rollout_to_head
+
+F64 = torch.float64
+PROMPTS = ["a red circle", "a blue square", "a red circle", "a green triangle"]
+# 16 tokens, 5 Harmon mask steps reveal (1, 3, 3, 5, 4) tokens
+PLAN = RecordPlan(mask_steps=(0, 2, 3), diffusion_steps=((0, 3), (1, 4), (0, 2)))
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(3)
+    model = TinyMAR(TinyMARConfig(image_size=16, patch_size=4, width=32, depth=1, num_heads=2, head_width=32,
+                                  head_depth=1, diffusion_steps=6))
+    with torch.no_grad():
+        reinit_zero_layers_(model.head, std=0.2)  # adaLN-zero would make the head ignore z
+    model = model.double().eval().requires_grad_(False)
+    for p in model.trainable_parameters():
+        p.requires_grad_(True)
+    model.head.requires_grad_(False)
+    return model, model.make_sampler()
+
+
+def _rollout(model, sampler, **overrides):
+    values = dict(num_mask_steps=5, schedule="harmon", cfg_scale=2.5, num_seeds=2, record_mask_steps=3,
+                  record_diffusion_steps=2, likelihood_positions="unknown")
+    config = RolloutConfig(**{**values, **overrides})
+    return generate(model, PROMPTS, config, [11, 12, 13, 14], sampler=sampler, plan=PLAN)
+
+
+class SummedGradients(torch.optim.SGD):
+    """SGD at lr 0 that adds up the gradients of every step it takes (parameters stay put)."""
+
+    def __init__(self, params):
+        self.params = list(params)
+        super().__init__(self.params, lr=0.0)
+        self.total = [torch.zeros_like(p) for p in self.params]
+
+    def step(self, closure=None):
+        for total, p in zip(self.total, self.params):
+            if p.grad is not None:
+                total += p.grad
+        return super().step(closure)
+
+
+def _plain_selection(rollout, config: GRPOConfig):
+    """keep, mte [B, L] from the definitions (not margrpo.grpo.selection)."""
+    B, M, N = rollout.batch_size, rollout.plan.num_mask_steps, rollout.num_tokens
+    positions = rollout.l_positions()  # [B, L]
+    keep = torch.ones_like(positions, dtype=torch.bool)
+    if config.consistency:
+        cos = torch.nn.functional.cosine_similarity
+        per_step = torch.ones(B, M, N, dtype=torch.bool)
+        effective = [s for s, n in enumerate(rollout.reveal_counts) if n > 0]
+        for j, step in enumerate(rollout.plan.mask_steps):
+            if effective.index(step) < config.consistency_start_step:
+                continue
+            gain = cos(rollout.pred_clean[:, j], rollout.tokens, dim=-1) - cos(rollout.pred_clean_prev[:, j],
+                                                                                 rollout.tokens, dim=-1)
+            start = sum(rollout.reveal_counts[:step])
+            committed = torch.zeros(B, N, dtype=torch.bool)
+            committed.scatter_(1, rollout.order[:, start:start + rollout.reveal_counts[step]], True)
+            per_step[:, j] = (gain > config.consistency_threshold) | committed
+        steps = rollout.l_step()  # [L]
+        keep = per_step[torch.arange(B)[:, None], steps[None], positions]
+    mte = None
+    if config.mte:
+        uncertainty = rollout.seed_tokens.std(1, unbiased=False).mean(-1)  # [B, N]
+        k = int(config.mte_ratio * N)
+        top = torch.zeros(B, N, dtype=torch.bool).scatter_(1, uncertainty.topk(k, dim=1).indices, True)
+        mte = top.gather(1, positions)
+    return keep, mte
+
+
+def _plain_loss(policy, reference, rollout, advantages, config: GRPOConfig):
+    """The full-batch MAR-GRPO loss written out: clipped ratio per trajectory, MTE mean over
+    trajectories where selected, token weights over the batch, Gaussian KL on trajectory 0 (uniform
+    weights over the batch's transitions)."""
+    keep, mte = _plain_selection(rollout, config)
+    lik = rollout_logprob(policy, rollout, cfg=config.likelihood_cfg)
+    old = lik.logp.detach() if config.objective == "reinforce" else rollout.logp
+    ratio = torch.exp(lik.logp - old)
+    A = advantages[None, :, None]
+    term = torch.maximum(-A * ratio, -A * ratio.clamp(1 - config.clip_eps, 1 + config.clip_eps))
+    per_token = term[0] if mte is None else torch.where(mte, term.mean(0), term[0])
+    w = keep.to(F64)
+    if config.aggregation == "token_mean":
+        w = w / w.sum()
+    else:
+        w = w / w.sum(1, keepdim=True).clamp_min(1) / (w.sum(1) > 0).sum()
+    policy_term = (w * per_token).sum()
+    with torch.no_grad():
+        ref = rollout_logprob(reference, rollout, cfg=config.likelihood_cfg)
+    # per transition in float32 as margrpo.grpo.kl computes it, then the float64 mean
+    per_transition = 0.5 * ((lik.mean[0].float() - ref.mean[0].float()) / rollout.std[0].float()).pow(2).sum(-1)
+    kl = (per_transition * torch.full(per_transition.shape, 1 / per_transition.numel(), dtype=F64)).sum()
+    return policy_term + config.kl_beta * kl, kl
+
+
+@pytest.mark.parametrize("switches", [
+    dict(),
+    dict(mte=True, consistency=True, consistency_start_step=0, aggregation="sample_mean", micro_batches=3),
+    dict(mte=True, minibatch_over="mask_steps", minibatches=2, micro_batches=2, micro_batch_over="images"),
+    dict(objective="reinforce", micro_batch_over="mask_steps", micro_batches=3),
+])
+def test_update_gradient_is_the_full_batch_loss_gradient(tiny, switches):
+    model, sampler = tiny
+    rollout = _rollout(model, sampler)
+    policy = copy.deepcopy(model)
+    reference = copy.deepcopy(model).requires_grad_(False)
+    with torch.no_grad():  # move the policy off the reference so the ratio and the KL are not trivial
+        for p in policy.trainable_parameters():
+            p.add_(0.02 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel()), dtype=F64))
+    config = GRPOConfig(kl_beta=0.3, clip_eps=0.05, **switches)
+    advantages = torch.tensor([1.0, -0.5, 0.25, -0.75], dtype=F64)
+    params = list(policy.trainable_parameters())
+    optimizer = SummedGradients(params)
+    result = update(policy, reference, rollout, advantages, config, optimizer, grad_clip=1e9)
+    assert result.skipped is None and result.metrics["updates"] == config.minibatches
+
+    policy.train()
+    expected_loss, expected_kl = _plain_loss(policy, reference, rollout, advantages, config)
+    expected = torch.autograd.grad(expected_loss, params)
+    assert sum(float(g.abs().sum()) for g in expected) > 0
+    for got, want in zip(optimizer.total, expected):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+    assert result.metrics["loss"] == pytest.approx(float(expected_loss), rel=1e-9, abs=1e-12)
+    assert result.metrics["kl"] == pytest.approx(float(expected_kl), rel=1e-9) and expected_kl > 0
+
+
+def test_update_rejects_bad_arguments_and_skips_non_finite_losses(tiny):
+    model, sampler = tiny
+    rollout = _rollout(model, sampler)
+    policy = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(list(policy.trainable_parameters()), lr=0.1)
+    with pytest.raises(ValueError, match=r"advantages: got shape \(3,\), expected \(4,\)"):
+        update(policy, None, rollout, torch.zeros(3, dtype=F64), GRPOConfig(kl_beta=0.0), optimizer)
+    with pytest.raises(ValueError, match="reference: got None with grpo.kl_beta=0.01"):
+        update(policy, None, rollout, torch.zeros(4, dtype=F64), GRPOConfig(), optimizer)
+    before = [p.clone() for p in policy.trainable_parameters()]
+    nan = torch.tensor([1.0, float("nan"), 0.0, 0.0], dtype=F64)
+    result = update(policy, None, rollout, nan, GRPOConfig(kl_beta=0.0), optimizer)
+    assert result.skipped == "loss" and result.metrics == {}
+    assert all(torch.equal(a, b) for a, b in zip(before, policy.trainable_parameters()))
+
+
+def _old_chunk_loss(logp, old, advantages, weights, mte, clip_eps):
+    """The policy term as computed before (frozen here): each chunk renormalised its slice of the
+    batch token weights to sum 1, then the loss and statistics were scaled back by the slice's share."""
+    share = weights.sum()
+    w = weights / share
+    ratio = torch.exp(logp - old)
+    A = advantages[None, :, None]
+    term = torch.maximum(-A * ratio, -A * ratio.clamp(1 - clip_eps, 1 + clip_eps))
+    per_token = torch.where(mte, term.mean(0), term[0])
+    clipped = (-A * ratio.clamp(1 - clip_eps, 1 + clip_eps)) > -A * ratio
+    traj = torch.where(mte[None], torch.full_like(ratio, 1 / ratio.shape[0]), (torch.arange(ratio.shape[0]) == 0)
+                       .to(ratio)[:, None, None].expand_as(ratio))
+    clip_fraction = (w[None] * traj * clipped).sum() * share
+    return (w * per_token).sum() * share, clip_fraction
+
+
+def test_chunk_losses_equal_the_previous_per_chunk_renormalised_formula():
+    gen = torch.Generator().manual_seed(0)
+    T, B, L = 3, 4, 10
+    logp = torch.randn(T, B, L, generator=gen, dtype=F64, requires_grad=True)
+    old = logp.detach() + 0.3 * torch.randn(T, B, L, generator=gen, dtype=F64)
+    advantages = torch.randn(B, generator=gen, dtype=F64)
+    keep = torch.rand(B, L, generator=gen) > 0.3
+    mte = torch.rand(B, L, generator=gen) > 0.5
+    weights = ops.token_weights(keep, "sample_mean", F64)
+    chunks = [(slice(0, 2), slice(0, 4)), (slice(0, 2), slice(4, L)), (slice(2, B), slice(None))]
+    new_total, old_total, old_clip, new_clip = 0.0, 0.0, 0.0, 0.0
+    for rows, cols in chunks:
+        def cut(x):
+            return x[..., rows, cols]
+        out = chunk_loss(cut(logp), cut(old), advantages[rows], cut(weights), mte_mask=cut(mte), clip_eps=0.2,
+                         clip_eps_high=None)
+        loss, clip = _old_chunk_loss(cut(logp), cut(old), advantages[rows], cut(weights), cut(mte), 0.2)
+        new_total, old_total = new_total + out.loss, old_total + loss
+        new_clip, old_clip = new_clip + out.clip_fraction, old_clip + clip
+    torch.testing.assert_close(new_total, old_total, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(new_clip, old_clip, rtol=1e-12, atol=1e-14)
+    new_grad, = torch.autograd.grad(new_total, logp)
+    old_grad, = torch.autograd.grad(old_total, logp)
+    torch.testing.assert_close(new_grad, old_grad, rtol=1e-12, atol=1e-14)
+    assert new_grad.abs().sum() > 0
+
+
+def test_token_weights_sum_to_one_and_sum_aggregation_keeps_the_weights():
+    keep = torch.tensor([[True, False, True], [False, False, False], [True, True, True]])
+    token = ops.token_weights(keep, "token_mean", F64)
+    torch.testing.assert_close(token, keep.to(F64) / 5)
+    sample = ops.token_weights(keep, "sample_mean", F64)
+    torch.testing.assert_close(sample.sum(1), torch.tensor([0.5, 0.0, 0.5], dtype=F64))
+    weights = torch.rand(3, 3, dtype=F64)
+    assert torch.equal(ops.token_weights(weights, "sum", F64), weights)
+    with pytest.raises(ValueError, match="aggregation: got 'mean'"):
+        ops.token_weights(keep, "mean")
+
+
+# ---------------------------------------------------------------- the rollout's bookkeeping
+def test_head_and_rollout_layouts_are_inverse_and_index_l_as_documented():
+    R, T, B, P, C = 3, 2, 4, 5, 2
+    head = torch.randn(R, T, B * P, C)
+    rolled = head_to_rollout(head, B, P)
+    assert rolled.shape == (T, B, R * P, C)
+    for r, t, b, p in [(0, 0, 0, 0), (2, 1, 3, 4), (1, 0, 2, 3)]:
+        assert torch.equal(rolled[t, b, r * P + p], head[r, t, b * P + p])
+    assert torch.equal(rollout_to_head(rolled, R, P), head)
+
+
+def test_rollout_chunks_committed_masks_and_update_values(tiny):
+    model, sampler = tiny
+    rollout = _rollout(model, sampler)
+    T, B, L = rollout.logp.shape
+    assert rollout.num_transitions == L and rollout.num_trajectories == T == 3
+    for j, step in enumerate(PLAN.mask_steps):
+        start = sum(rollout.reveal_counts[:step])
+        committed = rollout.committed(j)
+        assert int(committed.sum()) == B * rollout.reveal_counts[step]
+        for b in range(B):
+            assert set(committed[b].nonzero().flatten().tolist()) == set(
+                rollout.order[b, start:start + rollout.reveal_counts[step]].tolist())
+    assert [rollout.effective_index(j) for j in range(3)] == [0, 2, 3]
+
+    columns = rollout.columns([2, 0])
+    expected = [*range(rollout.l_slice(2).start, rollout.l_slice(2).stop), *range(rollout.l_slice(0).stop)]
+    assert columns.tolist() == expected
+    ref_logp = torch.randn(T, B, L, dtype=F64)
+    old_logp = torch.randn(T, B, L, dtype=F64)
+    scored = rollout.with_update_values(old_logp=old_logp, ref_logp=ref_logp, ref_mean=rollout.mean + 1)
+    chunk = scored.chunk([3, 1], [2, 0])
+    torch.testing.assert_close(chunk.old_logp, old_logp[:, [3, 1]][:, :, expected], rtol=0, atol=0)
+    torch.testing.assert_close(chunk.ref_logp, ref_logp[:, [3, 1]][:, :, expected], rtol=0, atol=0)
+    torch.testing.assert_close(chunk.std, rollout.std[:, [3, 1]][:, :, expected], rtol=0, atol=0)
+    torch.testing.assert_close(chunk.ref_mean, rollout.mean[:, [3, 1]][:, :, expected] + 1, rtol=0, atol=0)
+    weights = torch.rand(B, L, dtype=F64)
+    torch.testing.assert_close(chunk.take(weights), weights[[3, 1]][:, expected], rtol=0, atol=0)
+    assert chunk.rollout.prompts == [PROMPTS[3], PROMPTS[1]]
+    torch.testing.assert_close(chunk.rollout.logp, rollout.logp[:, [3, 1]], rtol=0, atol=0)
+    assert scored.select([1]).ref_logp.shape == (T, 1, L)
+    plain = rollout.chunk([0, 2])  # no update values: the recorded logp, no reference
+    torch.testing.assert_close(plain.old_logp, rollout.logp[:, [0, 2]], rtol=0, atol=0)
+    assert plain.ref_logp is None and plain.ref_mean is None
+    with pytest.raises(ValueError, match=r"ref_logp: got shape \(3, 4\)"):
+        rollout.with_update_values(ref_logp=torch.zeros(3, 4))
+    with pytest.raises(ValueError, match=r"values: got shape \(4,\)"):
+        chunk.take(torch.zeros(4))
