@@ -62,4 +62,5 @@ def _extensions():
 
 
 ext_modules, cmdclass = _extensions()
-setup(packages=PACKAGES, package_dir=PACKAGE_DIR, package_data={"margrpo.testbed": ["prompts/*.txt"]}, ext_modules=ext_modules, cmdclass=cmdclass)
+setup(packages=PACKAGES, package_dir=PACKAGE_DIR, package_data={"margrpo.testbed": ["prompts/*.txt"]},
+      ext_modules=ext_modules, cmdclass=cmdclass)

@@ -7,8 +7,9 @@ so fp64 ranks exactly); -0.0 ranks equal to +0.0 as in torch.sort. Scores must n
 Two building blocks, one program per row:
 - select: finds the k-th largest key by a radix search (a counting pass per 4-bit digit compares
   the row with 16 candidate thresholds: 8 passes for 32-bit keys, 16 for 64-bit), then keeps every
-  key above it plus the first (k - #above) keys equal to it in index order. Exactly k per row, any N, no sort. It writes the bool mask (topk_mask_fwd), or the selected
-  indices compacted in index order (the first step of topk_indices_fwd for long rows).
+  key above it plus the first (k - #above) keys equal to it in index order. Exactly k per row, any N,
+  no sort. It writes the bool mask (topk_mask_fwd), or the selected indices compacted in index order
+  (the first step of topk_indices_fwd for long rows).
 - sort: a bitonic sort of (key, index) pairs held in registers, descending key then ascending index.
   Rows that fit one sort block (N <= MAX_SORT_BLOCK) are sorted whole in one launch; longer rows are
   first reduced to their k selected candidates, which are then sorted (k <= MAX_SORT_BLOCK).

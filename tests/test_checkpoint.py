@@ -1,5 +1,4 @@
 """Checkpoints: atomic, verified, pruned; corrupt or truncated ones are named, never loaded."""
-import os
 import random
 import signal
 import subprocess

@@ -214,7 +214,8 @@ def test_official_state_dict_loads_and_mismatch_raises(make, keys, prefix):
     broken = dict(source.state_dict())
     broken.pop(keys[3])
     broken["blocks.9.extra.weight"] = torch.zeros(1)
-    with pytest.raises(KeyError, match=r"missing keys \['" + keys[3].replace(".", r"\.") + r"'\].*unexpected keys \['blocks\.9\.extra\.weight'\]"):
+    missing = r"missing keys \['" + keys[3].replace(".", r"\.") + r"'\]"
+    with pytest.raises(KeyError, match=missing + r".*unexpected keys \['blocks\.9\.extra\.weight'\]"):
         load_head_state_dict(target, broken)
     resized = dict(source.state_dict())
     resized[keys[0]] = torch.zeros(1, 1, dtype=F64)

@@ -384,7 +384,8 @@ def test_configs_load_with_the_recipes(tiny_dir):
     for config in (sound, parity):
         assert config.backbone.name == "nova" and config.rewards["hps"]["path"].endswith("HPS_v2.1_compressed.pt")
         r = config.rollout
-        assert (r.num_mask_steps, r.schedule, r.cfg_scale, r.cfg_channels, r.negative_prompt, r.num_seeds) == (64, "nova", 5.0, "all", "", 3)
+        got = (r.num_mask_steps, r.schedule, r.cfg_scale, r.cfg_channels, r.negative_prompt, r.num_seeds)
+        assert got == (64, "nova", 5.0, "all", "", 3)
         assert config.grpo.head == "frozen" and config.grpo.mte and config.grpo.consistency
     g = parity.grpo
     assert (g.objective, g.kl_type, g.likelihood_cfg, g.minibatch_over, g.minibatches, g.mte_pixels_per_token) == (

@@ -208,7 +208,8 @@ def test_extreme_log_ratios_stay_finite(backend, gen):
 def test_empty_batch(backend, shape):
     logp = torch.zeros(shape, device=backend.device, requires_grad=True)
     B, L = shape[-2:]
-    out = ops.grpo_surrogate(logp, logp.detach(), torch.zeros(B, device=backend.device), torch.ones(B, L, dtype=torch.bool, device=backend.device))
+    keep = torch.ones(B, L, dtype=torch.bool, device=backend.device)
+    out = ops.grpo_surrogate(logp, logp.detach(), torch.zeros(B, device=backend.device), keep)
     assert out.loss.item() == 0.0 and out.ratio_max.item() == 1.0
     out.loss.backward()
     assert logp.grad.shape == shape

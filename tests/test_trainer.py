@@ -1,6 +1,5 @@
 """The GRPO trainer end to end on a tiny random-init MAR (CPU, seconds): on-policy ratio, frozen head,
 learning on a toy reward, exact resume, signals, non-finite handling, config errors, torchrun."""
-import json
 import os
 import signal
 import subprocess

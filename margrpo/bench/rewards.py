@@ -3,8 +3,9 @@
 Each weighted reward is built from random-init weights in its official layout (margrpo.rewards.synthetic:
 `tiny` configs for CPU runs, `full` published sizes for the GPU), loaded through its real loading
 code, warmed up, then called on fresh random images; the median over the timed calls is reported.
-`shapes` scores ShapesWorld scenes at the testbed's resolution (32 px). `remote:<reward>` serves that reward on a loopback RewardServer and scores through RemoteReward,
-so its row minus the local row is the service overhead (encoding, HTTP, decoding).
+`shapes` scores ShapesWorld scenes at the testbed's resolution (32 px). `remote:<reward>` serves that
+reward on a loopback RewardServer and scores through RemoteReward, so its row minus the local row is
+the service overhead (encoding, HTTP, decoding).
 
     python -m margrpo.bench.rewards --device cpu --size tiny --batch 16
     margrpo bench rewards --device cuda --size full --json rewards-gpu.json

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import argparse
 import copy
-import dataclasses
 import json
 import math
-import os
 import signal
 import sys
 import time
