@@ -22,17 +22,13 @@ from margrpo.ops import _kernels
 
 pytestmark = pytest.mark.usefixtures("poison_uninitialized")
 F64, F32 = torch.float64, torch.float32
-# (module of margrpo.ops, name of its custom op object)
-CUSTOM_OPS = [
-    ("gaussian_logprob", "_gaussian_logprob_op"),
-    ("gaussian_logprob", "_gaussian_logprob_backward_op"),
-    ("trajectory_std", "_trajectory_std_op"),
-    ("trajectory_std", "_trajectory_std_backward_op"),
-    ("topk", "_topk_mask_op"),
-    ("topk", "_topk_indices_op"),
-    ("consistency", "_consistency_mask_op"),
-    ("grpo_surrogate", "_grpo_surrogate_op"),
-]
+# every public op's FusedOp (margrpo/ops/_factory.py), which holds its custom ops
+def _module(name: str):
+    return importlib.import_module(f"margrpo.ops.{name}")  # (margrpo.ops.<name> is the public function)
+
+
+FUSED_OPS = [_module("gaussian_logprob")._OP, _module("trajectory_std")._OP, *_module("topk")._OPS.values(),
+             _module("consistency")._OP, _module("grpo_surrogate")._OP]
 
 
 @dataclass
@@ -52,10 +48,12 @@ def path(request, monkeypatch) -> Path:
     """Each route in turn (the custom op forced as if under torch.compile), with every custom op
     wrapped to record its calls."""
     taken = Path(request.param)
-    for module_name, attr in CUSTOM_OPS:
-        module = importlib.import_module(f"margrpo.ops.{module_name}")
-        custom_op = getattr(module, attr)
-        monkeypatch.setattr(module, attr, lambda *a, _op=custom_op, _n=attr: taken.calls.append(_n) or _op(*a))
+    for fused in FUSED_OPS:
+        for attr in ("custom_op", "backward_op"):
+            custom_op = getattr(fused, attr)
+            if custom_op is not None:
+                name = f"{fused.name}.{attr}"
+                monkeypatch.setattr(fused, attr, lambda *a, _op=custom_op, _n=name: taken.calls.append(_n) or _op(*a))
     if request.param == "custom_op":
         monkeypatch.setattr(_kernels, "direct_call_allowed", lambda: False)
     return taken

@@ -9,19 +9,17 @@ from __future__ import annotations
 import torch
 
 from . import _kernels, _validate
+from ._factory import FusedOp
 
 _MODULE = "consistency"
 _KERNELS = ("consistency_mask_fwd",)
 
 
-@torch.library.custom_op("margrpo::consistency_mask", mutates_args=())
-def _consistency_mask_op(prev: torch.Tensor, cur: torch.Tensor, final: torch.Tensor, threshold: float, backend: str) -> torch.Tensor:
-    return _kernels.get(backend, _MODULE, _KERNELS[0])(prev, cur, final, threshold)
-
-
-@_consistency_mask_op.register_fake
-def _(prev, cur, final, threshold, backend):
-    return prev.new_empty(prev.shape[0], dtype=torch.bool)
+_OP = FusedOp(
+    "consistency_mask", _MODULE, _KERNELS, "(Tensor prev, Tensor cur, Tensor final, float threshold, str backend) -> Tensor",
+    lambda kernels, backend, prev, cur, final, threshold: kernels[0](prev, cur, final, threshold),
+    lambda prev, cur, final, threshold: prev.new_empty(prev.shape[0], dtype=torch.bool),
+)
 
 
 def consistency_mask(prev: torch.Tensor, cur: torch.Tensor, final: torch.Tensor, threshold: float = 0.0) -> torch.Tensor:
@@ -49,11 +47,5 @@ def consistency_mask(prev: torch.Tensor, cur: torch.Tensor, final: torch.Tensor,
         dtype = torch.promote_types(torch.promote_types(dtype, cur.dtype), final.dtype)
     M = prev.numel() // C
     flat = [_kernels.operand(t.reshape(M, C), dtype) for t in (prev, cur, final)]
-    if _kernels.direct_call_allowed():
-        _, (kernel,) = _kernels.for_eager(device, "consistency_mask", _MODULE, _KERNELS, empty=M == 0)
-        out = kernel(*flat, threshold)
-    else:
-        # no positions: the reference returns the empty result without any kernel launch
-        backend = "torch" if M == 0 else _kernels.pick(device, "consistency_mask", _MODULE, *_KERNELS)
-        out = _consistency_mask_op(*flat, threshold, backend)
+    out = _OP(device, *flat, threshold, empty=M == 0)  # no positions: no kernel launch
     return out.reshape(shape[:-1])

@@ -5,11 +5,10 @@ fp32 accumulation and output for fp16/bf16/fp32 inputs. Gradients flow to x, mea
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from . import _kernels, _validate, reference
+from ._factory import FusedOp, Gradient
 
 _MODULE = "gaussian_logprob"
 _KERNELS = ("gaussian_logprob_fwd", "gaussian_logprob_bwd")
@@ -26,67 +25,39 @@ def _check_std_positive(std: torch.Tensor) -> None:
         )
 
 
-@torch.library.custom_op("margrpo::gaussian_logprob", mutates_args=())
-def _gaussian_logprob_op(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, reduce: int, backend: str) -> torch.Tensor:
+def _forward(kernels, backend: str, x, mean, std, reduce: int):
     if backend == "torch":
         _check_std_positive(std)
-    return _kernels.get(backend, _MODULE, _KERNELS[0])(x, mean, std, reduce)
+    return kernels[0](x, mean, std, reduce)
 
 
-@_gaussian_logprob_op.register_fake
-def _(x, mean, std, reduce, backend):
+def _fake(x, mean, std, reduce):
     out_shape = x.shape if reduce == reference.REDUCE_NONE else x.shape[:-1]
     return x.new_empty(out_shape, dtype=reference.acc_dtype(x.dtype))
 
 
-@torch.library.custom_op("margrpo::gaussian_logprob_backward", mutates_args=())
-def _gaussian_logprob_backward_op(
-    grad_out: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, reduce: int, backend: str
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    kernel = _kernels.get(backend, _MODULE, _KERNELS[1])
-    gx, gm, gs = kernel(grad_out.contiguous(), x, mean, std, reduce)
-    return gx, gm, gs
-
-
-@_gaussian_logprob_backward_op.register_fake
-def _(grad_out, x, mean, std, reduce, backend):
+def _backward_fake(grad_out, x, mean, std, reduce):
     dt = reference.acc_dtype(x.dtype)
     return x.new_empty(x.shape, dtype=dt), x.new_empty(x.shape, dtype=dt), std.new_empty(std.shape, dtype=dt)
 
 
-def _setup_context(ctx, inputs, output):
-    x, mean, std, reduce, backend = inputs
-    ctx.save_for_backward(x, mean, std)
-    ctx.reduce, ctx.backend = reduce, backend
+def _save(inputs, output):
+    x, mean, std, reduce = inputs
+    return (x, mean, std), (reduce,)
 
 
-def _backward(ctx, grad_out):
-    x, mean, std = ctx.saved_tensors
-    gx, gm, gs = _gaussian_logprob_backward_op(grad_out, x, mean, std, ctx.reduce, ctx.backend)
-    return gx.to(x.dtype), gm.to(mean.dtype), gs.to(std.dtype), None, None
+def _backward(run, saved, attrs, grad_out):
+    x, mean, std = saved
+    gx, gm, gs = run(grad_out, x, mean, std, *attrs)
+    return gx.to(x.dtype), gm.to(mean.dtype), gs.to(std.dtype), None
 
 
-_gaussian_logprob_op.register_autograd(_backward, setup_context=_setup_context)
-
-
-class _GaussianLogprobFunction(torch.autograd.Function):
-    """The eager path's autograd: the kernels called directly, without the custom op's dispatch."""
-
-    @staticmethod
-    def forward(ctx, x, mean, std, reduce: int, backend: str, fwd: Callable, bwd: Callable):
-        ctx.save_for_backward(x, mean, std)
-        ctx.reduce, ctx.backend, ctx.bwd = reduce, backend, bwd
-        return fwd(x, mean, std, reduce)
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        x, mean, std = ctx.saved_tensors
-        if torch.is_grad_enabled():
-            # create_graph=True: the backward custom op records that it has no derivative of its own
-            gx, gm, gs = _gaussian_logprob_backward_op(grad_out, x, mean, std, ctx.reduce, ctx.backend)
-        else:
-            gx, gm, gs = ctx.bwd(grad_out.contiguous(), x, mean, std, ctx.reduce)
-        return gx.to(x.dtype), gm.to(mean.dtype), gs.to(std.dtype), None, None, None, None
+_OP = FusedOp(
+    "gaussian_logprob", _MODULE, _KERNELS, "(Tensor x, Tensor mean, Tensor std, int reduce, str backend) -> Tensor",
+    _forward, _fake,
+    Gradient(_save, _backward, kernel=_KERNELS[1], fake=_backward_fake,
+             schema="(Tensor grad_out, Tensor x, Tensor mean, Tensor std, int reduce, str backend) -> (Tensor, Tensor, Tensor)"),
+)
 
 
 def _broadcasts_to(shape: torch.Size, target: torch.Size) -> bool:
@@ -146,16 +117,5 @@ def gaussian_logprob(x: torch.Tensor, mean: torch.Tensor, std: float | torch.Ten
     operand = _kernels.operand
     x2, mean2, std2 = operand(x.reshape(R, C), dtype), operand(mean.reshape(R, C), dtype), operand(std2, dtype)
     code = _REDUCE[reduce]
-    if _kernels.direct_call_allowed():
-        backend, (fwd, bwd) = _kernels.for_eager(device, "gaussian_logprob", _MODULE, _KERNELS, empty=R == 0)
-        if backend == "torch":
-            _check_std_positive(std2)
-        if _kernels.needs_grad(x2, mean2, std2):
-            out = _GaussianLogprobFunction.apply(x2, mean2, std2, code, backend, fwd, bwd)
-        else:
-            out = fwd(x2, mean2, std2, code)
-    else:
-        # no rows: the reference returns the empty result without any kernel launch
-        backend = "torch" if R == 0 else _kernels.pick(device, "gaussian_logprob", _MODULE, *_KERNELS)
-        out = _gaussian_logprob_op(x2, mean2, std2, code, backend)
+    out = _OP(device, x2, mean2, std2, code, empty=R == 0)
     return out.reshape(x.shape if code == reference.REDUCE_NONE else x.shape[:-1])

@@ -9,12 +9,12 @@ backward only scales it by the incoming gradient.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 
 from . import _kernels, _validate, reference
+from ._factory import FusedOp, Gradient
 
 _MODULE = "grpo_surrogate"
 _KERNELS = ("grpo_surrogate_fwd",)
@@ -31,58 +31,23 @@ class GRPOLoss(NamedTuple):
     ratio_max: torch.Tensor  # max ratio over kept terms (1 when no token is kept)
 
 
-@torch.library.custom_op("margrpo::grpo_surrogate", mutates_args=())
-def _grpo_surrogate_op(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    weights: torch.Tensor,
-    mte_mask: torch.Tensor,
-    clip_low: float,
-    clip_high: float,
-    backend: str,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    kernel = _kernels.get(backend, _MODULE, _KERNELS[0])
-    loss, stats, grad = kernel(logp, old_logp, advantages, weights, mte_mask, clip_low, clip_high)
-    return loss, stats, grad
-
-
-@_grpo_surrogate_op.register_fake
-def _(logp, old_logp, advantages, weights, mte_mask, clip_low, clip_high, backend):
+def _fake(logp, old_logp, advantages, weights, mte_mask, clip_low, clip_high):
     dt = reference.acc_dtype(logp.dtype)
     return logp.new_empty((), dtype=dt), logp.new_empty((4,), dtype=dt), logp.new_empty(logp.shape, dtype=dt)
 
 
-def _setup_context(ctx, inputs, output):
-    loss, stats, grad = output
-    ctx.mark_non_differentiable(stats, grad)
-    ctx.save_for_backward(grad)
+def _backward(run, saved, attrs, grad_loss, grad_stats, grad_grad):
+    (grad,) = saved  # d loss / d logp, from the forward kernel
+    return grad * grad_loss, None, None, None, None, None, None
 
 
-def _backward(ctx, grad_loss, grad_stats, grad_grad):
-    (grad,) = ctx.saved_tensors
-    return grad * grad_loss, None, None, None, None, None, None, None
-
-
-_grpo_surrogate_op.register_autograd(_backward, setup_context=_setup_context)
-
-
-class _GRPOSurrogateFunction(torch.autograd.Function):
-    """The eager path's autograd: the kernel called directly, without the custom op's dispatch."""
-
-    @staticmethod
-    def forward(
-        ctx, logp, old_logp, advantages, weights, mte_mask, clip_low: float, clip_high: float, kernel: Callable
-    ):
-        loss, stats, grad = kernel(logp, old_logp, advantages, weights, mte_mask, clip_low, clip_high)
-        ctx.mark_non_differentiable(stats, grad)
-        ctx.save_for_backward(grad)
-        return loss, stats, grad
-
-    @staticmethod
-    def backward(ctx, grad_loss, grad_stats, grad_grad):
-        (grad,) = ctx.saved_tensors
-        return grad * grad_loss, None, None, None, None, None, None, None
+_OP = FusedOp(
+    "grpo_surrogate", _MODULE, _KERNELS,
+    "(Tensor logp, Tensor old_logp, Tensor advantages, Tensor weights, Tensor mte_mask, float clip_low, "
+    "float clip_high, str backend) -> (Tensor, Tensor, Tensor)",
+    lambda kernels, backend, *inputs: tuple(kernels[0](*inputs)), _fake,
+    Gradient(lambda inputs, outputs: ((outputs[2],), ()), _backward, non_differentiable=(1, 2)),
+)
 
 
 def token_weights(mask: torch.Tensor, aggregation: str = "token_mean", dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -171,15 +136,5 @@ def grpo_surrogate(
     old3 = operand((old_logp if old_logp.ndim == 3 else old_logp.unsqueeze(0)).detach(), dtype)
     weights = token_weights(mask.detach(), aggregation, dtype).contiguous()
     args = (logp3, old3, operand(advantages.detach(), dtype), weights, mte_mask.contiguous(), clip_low, clip_high)
-    # an empty batch: the reference returns the empty result without any kernel launch
-    empty = logp3.numel() == 0
-    if _kernels.direct_call_allowed():
-        _, (kernel,) = _kernels.for_eager(device, "grpo_surrogate", _MODULE, _KERNELS, empty=empty)
-        if _kernels.needs_grad(logp3):
-            loss, stats, _ = _GRPOSurrogateFunction.apply(*args, kernel)
-        else:
-            loss, stats, _ = kernel(*args)
-    else:
-        backend = "torch" if empty else _kernels.pick(device, "grpo_surrogate", _MODULE, *_KERNELS)
-        loss, stats, _ = _grpo_surrogate_op(*args, backend)
+    loss, stats, _ = _OP(device, *args, empty=logp3.numel() == 0)
     return GRPOLoss(loss, stats[0], stats[1], stats[2], stats[3])

@@ -10,10 +10,10 @@ import math
 
 import torch
 
-from . import _kernels, _validate
+from . import _validate
+from ._factory import FusedOp
 
 _MODULE = "topk"
-_KERNEL_OF = {"topk_mask": ("topk_mask_fwd",), "topk_indices": ("topk_indices_fwd",)}
 # ratio * N is computed in binary floating point: 0.29 * 100 gives 28.999999999999996. A relative
 # nudge far below any real fractional part makes floor() return the intended 29.
 _FLOOR_NUDGE = 1e-12
@@ -28,28 +28,19 @@ def _check_no_nan(scores: torch.Tensor) -> None:
         )
 
 
-@torch.library.custom_op("margrpo::topk_mask", mutates_args=())
-def _topk_mask_op(scores: torch.Tensor, k: int, check_finite: bool, backend: str) -> torch.Tensor:
+def _forward(kernels, backend: str, scores, k: int, check_finite: bool):
     if check_finite:
         _check_no_nan(scores)
-    return _kernels.get(backend, _MODULE, "topk_mask_fwd")(scores, k)
+    return kernels[0](scores, k)
 
 
-@_topk_mask_op.register_fake
-def _(scores, k, check_finite, backend):
-    return scores.new_empty(scores.shape, dtype=torch.bool)
-
-
-@torch.library.custom_op("margrpo::topk_indices", mutates_args=())
-def _topk_indices_op(scores: torch.Tensor, k: int, check_finite: bool, backend: str) -> torch.Tensor:
-    if check_finite:
-        _check_no_nan(scores)
-    return _kernels.get(backend, _MODULE, "topk_indices_fwd")(scores, k)
-
-
-@_topk_indices_op.register_fake
-def _(scores, k, check_finite, backend):
-    return scores.new_empty((scores.shape[0], k), dtype=torch.int64)
+_SCHEMA = "(Tensor scores, int k, bool check_finite, str backend) -> Tensor"
+_OPS = {
+    "topk_mask": FusedOp("topk_mask", _MODULE, ("topk_mask_fwd",), _SCHEMA, _forward,
+                         lambda scores, k, check_finite: scores.new_empty(scores.shape, dtype=torch.bool)),
+    "topk_indices": FusedOp("topk_indices", _MODULE, ("topk_indices_fwd",), _SCHEMA, _forward,
+                            lambda scores, k, check_finite: scores.new_empty((scores.shape[0], k), dtype=torch.int64)),
+}
 
 
 def _scores_and_k(scores: object, ratio: float | None, k: int | None) -> tuple[torch.Tensor, int]:
@@ -65,19 +56,10 @@ def _scores_and_k(scores: object, ratio: float | None, k: int | None) -> tuple[t
 
 
 def _run(op: str, scores: torch.Tensor, k: int, check_finite: bool) -> torch.Tensor:
-    """The kernel `<op>_fwd` of the selected backend on `scores`: called directly in eager mode,
-    through the custom op `margrpo::<op>` otherwise (see _kernels)."""
+    """The kernel `<op>_fwd` of the selected backend on `scores` (see _factory.FusedOp)."""
     scores = scores.contiguous()
     # an empty batch or row: the reference returns the empty result without any kernel launch
-    empty = scores.numel() == 0
-    if _kernels.direct_call_allowed():
-        _, (kernel,) = _kernels.for_eager(scores.device, op, _MODULE, _KERNEL_OF[op], empty=empty)
-        if check_finite:
-            _check_no_nan(scores)
-        return kernel(scores, k)
-    backend = "torch" if empty else _kernels.pick(scores.device, op, _MODULE, *_KERNEL_OF[op])
-    custom_op = _topk_mask_op if op == "topk_mask" else _topk_indices_op
-    return custom_op(scores, k, check_finite, backend)
+    return _OPS[op](scores.device, scores, k, check_finite, empty=scores.numel() == 0)
 
 
 def topk_mask(
