@@ -262,3 +262,20 @@ def test_rollout_chunks_committed_masks_and_update_values(tiny):
         rollout.with_update_values(ref_logp=torch.zeros(3, 4))
     with pytest.raises(ValueError, match=r"values: got shape \(4,\)"):
         chunk.take(torch.zeros(4))
+
+
+def test_grpo_package_imports_no_model_or_trainer_code():
+    """margrpo.grpo works on any MARBackbone and any training loop: no import of margrpo.models or
+    margrpo.train in its modules."""
+    import ast
+    from pathlib import Path
+
+    import margrpo.grpo
+
+    for path in Path(margrpo.grpo.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            bad = [n for n in names if n.startswith(("margrpo.models", "margrpo.train"))]
+            assert not bad, f"{path.name} imports {bad}"
