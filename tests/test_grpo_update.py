@@ -80,7 +80,7 @@ def _plain_selection(rollout, config: GRPOConfig):
         keep = per_step[torch.arange(B)[:, None], steps[None], positions]
     mte = None
     if config.mte:
-        uncertainty = rollout.seed_tokens.std(1, unbiased=False).mean(-1)  # [B, N]
+        uncertainty = rollout.seed_tokens.std(0, unbiased=False).mean(-1)  # [B, N]
         k = int(config.mte_ratio * N)
         top = torch.zeros(B, N, dtype=torch.bool).scatter_(1, uncertainty.topk(k, dim=1).indices, True)
         mte = top.gather(1, positions)

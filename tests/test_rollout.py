@@ -291,7 +291,7 @@ def test_rollout_matches_plain_reference_at_the_planned_steps(backbone64, sample
         reference = reference_rollout(backbone, PROMPTS, config, [5, 6, 7], sampler)
     B, N, C, K = 3, backbone.num_tokens, backbone.token_channels, config.num_seeds
     R, M = config.record_diffusion_steps, config.record_mask_steps
-    assert rollout.tokens.shape == (B, N, C) and rollout.seed_tokens.shape == (B, K, N, C)
+    assert rollout.tokens.shape == (B, N, C) and rollout.seed_tokens.shape == (K, B, N, C)
     assert rollout.images.shape == (B, 3, 3, N // 3)
     L = R * sum(rollout.step_revealed(j) for j in range(M))
     assert rollout.x_t.shape == (K + 1, B, L, C) and rollout.logp.shape == (K + 1, B, L)
@@ -305,7 +305,7 @@ def test_rollout_matches_plain_reference_at_the_planned_steps(backbone64, sample
     for b, ref in enumerate(reference):
         assert torch.equal(rollout.order[b], ref["order"])
         torch.testing.assert_close(rollout.tokens[b], ref["tokens"], atol=1e-10, rtol=1e-10)
-        torch.testing.assert_close(rollout.seed_tokens[b], ref["seed_tokens"], atol=1e-10, rtol=1e-10)
+        torch.testing.assert_close(rollout.seed_tokens[:, b], ref["seed_tokens"], atol=1e-10, rtol=1e-10)
         for j, step in enumerate(rollout.plan.mask_steps):
             got = _recorded(rollout, b, j)
             for r, i in enumerate(rollout.plan.diffusion_steps[j]):
@@ -374,9 +374,9 @@ def test_select_and_to(backbone64, sampler):
     rollout = _run(backbone64, sampler, _config(cfg_scale=2.0, likelihood_positions="unknown"))
     part = rollout.select([2, 0])
     assert part.prompts == [PROMPTS[2], PROMPTS[0]]
-    for name in ("seeds", "order", "tokens", "seed_tokens", "images", "pred_clean", "pred_clean_prev"):
+    for name in ("seeds", "order", "tokens", "images", "pred_clean", "pred_clean_prev"):
         assert torch.equal(getattr(part, name), getattr(rollout, name)[[2, 0]]), name
-    for name in ("x_t", "x_prev", "mean", "std", "logp"):  # [T, B, L, ...]: images on axis 1
+    for name in ("seed_tokens", "x_t", "x_prev", "mean", "std", "logp"):  # trajectory first: images on axis 1
         assert torch.equal(getattr(part, name), getattr(rollout, name)[:, [2, 0]]), name
     assert torch.equal(rollout.select(torch.tensor([False, True, True])).tokens, rollout.tokens[1:])
     assert torch.equal(rollout.select(slice(0, 2)).order, rollout.order[:2])
@@ -422,7 +422,7 @@ def test_memory_formula_matches_bytes(backbone, backbone64, sampler, overrides):
 
     rollout = _run(backbone, sampler, _config(**overrides))
     B, N, C = rollout.tokens.shape
-    K, (H, W) = rollout.seed_tokens.shape[1], rollout.images.shape[2:]
+    K, (H, W) = rollout.seed_tokens.shape[0], rollout.images.shape[2:]
     L, M = rollout.logp.shape[-1], rollout.plan.num_mask_steps
     unknown = rollout.config.likelihood_positions == "unknown"
     assert rollout.nbytes() == Rollout.footprint(B, N, C, K, H, W, L, M, unknown) > 0
@@ -445,7 +445,7 @@ def test_samples_do_not_depend_on_the_rest_of_the_batch(backbone64, sampler):
     alone = _run(backbone64, sampler, config, seeds=[7], prompts=PROMPTS[2:])
     assert torch.equal(alone.order[0], full.order[2])
     torch.testing.assert_close(alone.tokens[0], full.tokens[2], atol=1e-12, rtol=1e-12)
-    torch.testing.assert_close(alone.seed_tokens[0], full.seed_tokens[2], atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(alone.seed_tokens[:, 0], full.seed_tokens[:, 2], atol=1e-12, rtol=1e-12)
 
 
 def test_different_samples_get_different_noise(backbone, sampler):
@@ -454,7 +454,7 @@ def test_different_samples_get_different_noise(backbone, sampler):
     assert not torch.equal(rollout.order[0], rollout.order[1])
     assert (rollout.tokens[0] - rollout.tokens[1]).abs().min() > 0
     # and the K seed trajectories of a token differ from its main trajectory and from each other
-    trajectories = torch.cat([rollout.tokens[:, None], rollout.seed_tokens], 1)  # [B, K+1, N, C]
+    trajectories = torch.cat([rollout.tokens[:, None], rollout.seed_tokens.transpose(0, 1)], 1)  # [B, K+1, N, C]
     for a in range(3):
         for b in range(a + 1, 3):
             assert (trajectories[:, a] - trajectories[:, b]).abs().amin(-1).min() > 0

@@ -78,8 +78,7 @@ def token_selection(rollout: Rollout, config: GRPOConfig) -> tuple[torch.Tensor,
         keep = rollout.expand_to_l(per_step)
     mte = None
     if config.mte:
-        seeds_first = rollout.seed_tokens.transpose(0, 1)  # [K, B, N, C]
-        mte = rollout.expand_to_l(mte_token_mask(seeds_first, config.mte_ratio, config.mte_pixels_per_token))
+        mte = rollout.expand_to_l(mte_token_mask(rollout.seed_tokens, config.mte_ratio, config.mte_pixels_per_token))
     return keep, mte
 
 

@@ -139,7 +139,7 @@ def generate(
 
     canvas = torch.zeros(B, N, C, device=device, dtype=dtype)
     known = torch.zeros(B, N, dtype=torch.bool, device=device)
-    seed_tokens = torch.zeros(B, K, N, C, device=device, dtype=dtype)
+    seed_tokens = torch.zeros(K, B, N, C, device=device, dtype=dtype)
     M = plan.num_mask_steps
     records: list[dict[str, torch.Tensor]] = [{} for _ in range(M)]
     cfg_scales = [0.0] * M
@@ -175,7 +175,7 @@ def generate(
         committed = positions[:, :n]
         canvas.scatter_(1, committed[..., None].expand(-1, -1, C), x0[0, :, :n])
         known.scatter_(1, committed, True)
-        seed_tokens.scatter_(2, committed[:, None, :, None].expand(-1, K, -1, C), x0[1:, :, :n].transpose(0, 1))
+        seed_tokens.scatter_(2, committed[None, :, :, None].expand(K, -1, -1, C), x0[1:, :, :n])
         prediction = None
         if all_unknown:  # committed tokens where known, the head's sample (trajectory 0) elsewhere
             prediction = canvas.clone().scatter_(1, positions[..., None].expand(-1, -1, C), x0[0])

@@ -16,10 +16,11 @@ after it. The flat index over (j, r, p) is
     l = offset_j + r * P_j + p,    offset_j = R * (P_0 + ... + P_{j-1}),    L = R * sum_j P_j.
 
 Every image of a rollout shares the schedule and the plan, so P_j and L are the same for all images
-and no padding is needed. Per-transition masks and weights (selection, MTE) are [B, L]. The diffusion
-head batches differently, [R, T, B * P_j, ...] for one mask step (its step axis leads so the time
-broadcasts); `head_to_rollout` and `rollout_to_head` are the only conversions, used where the head
-is called (recording and the likelihood).
+and no padding is needed. Per-transition masks and weights (selection, MTE) are [B, L]; the seed
+trajectories' final tokens are trajectory-first too, [K, B, N, C]. The diffusion head batches
+differently, [R, T, B * P_j, ...] for one mask step (its step axis leads so the time broadcasts);
+`head_to_rollout` and `rollout_to_head` are the only conversions, used where the head is called
+(recording and the likelihood).
 
 The canvas and known mask of a recorded step's training forward are not stored: committed tokens
 never change, so they are exactly `where(known, tokens, 0)` with known = a prefix of the image's order
@@ -43,8 +44,9 @@ from .config import RolloutConfig
 from .plan import RecordPlan
 
 RECORDED = ("x_t", "x_prev", "mean", "std", "logp")  # the per-transition fields, in the head's names
-# the transition fields [T, B, L, ...]: their image axis is 1 (every other tensor field's is 0)
-TRANSITIONS = (*RECORDED, "old_logp", "ref_logp", "ref_mean")
+# the trajectory-first fields (transitions [T, B, L, ...], seed tokens [K, B, N, C]): their image
+# axis is 1; every other tensor field's is 0
+TRAJECTORY_FIRST = (*RECORDED, "old_logp", "ref_logp", "ref_mean", "seed_tokens")
 
 
 def head_to_rollout(values: torch.Tensor, B: int, P: int) -> torch.Tensor:
@@ -69,7 +71,7 @@ class Rollout:
       seeds              int64 [B]             the per-sample seeds that reproduce the rollout
       order              int64 [B, N]          generation order (a permutation of 0..N-1)
       tokens             fp32  [B, N, C]       final tokens (= trajectory 0 of each token's commit step)
-      seed_tokens        fp32  [B, K, N, C]    final clean latents of the K seed trajectories of every
+      seed_tokens        fp32  [K, B, N, C]    final clean latents of the K seed trajectories of every
                                                token at its commit step (uncertainty for MTE top-k)
       images             fp32  [B, 3, H, W]    backbone.decode(tokens), in [0, 1]
     Recorded transitions (the [T, B, L] layout of the module docstring), T = K + 1:
@@ -271,7 +273,7 @@ class Rollout:
         fields = {}
         for name in self._tensor_fields():
             tensor = getattr(self, name)
-            fields[name] = tensor.index_select(1 if name in TRANSITIONS else 0, rows_t.to(tensor.device))
+            fields[name] = tensor.index_select(1 if name in TRAJECTORY_FIRST else 0, rows_t.to(tensor.device))
         return dataclasses.replace(self, prompts=[self.prompts[i] for i in rows], **fields)
 
     def with_update_values(self, *, old_logp: torch.Tensor | None = None, ref_logp: torch.Tensor | None = None,
