@@ -10,6 +10,7 @@ COMMANDS = {
     "pretrain": ("margrpo.train.pretrain", "pretrain the tiny ShapesWorld MAR model"),
     "sample": ("margrpo.sample", "generate PNG grids: --config FILE --prompts FILE --out DIR"),
     "eval": ("margrpo.train.evaluate", "held-out reward of a checkpoint"),
+    "diagnose": ("margrpo.train.diagnostics", "why RL does or does not move a model: four checks on one GRPO step"),
     "ablate": ("margrpo.train.ablate", "run the ablation presets over seeds and print the table"),
     "bench": ("margrpo.bench.cli", "benchmarks: margrpo bench ops|denoise|rollout|rewards|step"),
     "serve-reward": ("margrpo.rewards.server", "serve a reward model over HTTP"),

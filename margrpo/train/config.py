@@ -45,6 +45,10 @@ class RunConfig:
     out_dir: str = "runs/shapes-tiny"
     device: str = "auto"  # auto: cuda when available, else cpu
     train_prompts: Optional[str] = None  # a prompt file; None: the ShapesWorld train split
+    # how a step draws its prompts: uniform over the prompt list, or category (ShapesWorld prompts
+    # only): a uniform category first, then a uniform prompt of it, so every category trains equally
+    # often whatever its share of the list (the train split is 81% spatial prompts)
+    train_prompt_mix: Literal["uniform", "category"] = "uniform"
     eval_prompts: Optional[str] = None  # None: the ShapesWorld held-out split
     eval_every: int = 20
     eval_per_category: int = 4  # held-out prompts per category (balanced) when eval_prompts is None

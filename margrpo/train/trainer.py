@@ -27,7 +27,7 @@ from margrpo.rollout import choose_plan, generate, mask_schedule, sample_seed
 from . import checkpoint as ckpt
 from . import distributed as dist_utils
 from . import lora as lora_utils
-from .config import TrainerConfig, load_config
+from .config import ConfigError, TrainerConfig, load_config
 from .evaluate import generate_images, verifier_summary
 from .metrics import MetricsLogger, plot_curves
 
@@ -92,6 +92,7 @@ class Trainer:
         )
         self.reward = self._build_reward()
         self.train_prompts, self.eval_prompts = self._load_prompts()
+        self.prompt_groups = self._prompt_groups()
         self.optimizer, self.scheduler = self._build_optimizer()
         self.tracker = adv_mod.PromptTracker() if config.grpo.advantage == "tracker" else None
         self.step = 0
@@ -173,6 +174,23 @@ class Trainer:
         heldout = read_prompt_file(run.eval_prompts) if run.eval_prompts else balanced_prompts("heldout", run.eval_per_category)
         return train, heldout
 
+    def _prompt_groups(self) -> list[list[int]]:
+        """Indices of the train prompts, one list per group a step draws from uniformly (run.train_prompt_mix)."""
+        if self.config.run.train_prompt_mix == "uniform":
+            return [list(range(len(self.train_prompts)))]
+        from margrpo.testbed.grammar import parse_prompt
+
+        by_category: dict[str, list[int]] = {}
+        for i, prompt in enumerate(self.train_prompts):
+            try:
+                category = parse_prompt(prompt).category
+            except ValueError as error:
+                raise ConfigError(
+                    f"run.train_prompt_mix: category needs ShapesWorld prompts; {prompt!r} does not parse ({error})"
+                ) from error
+            by_category.setdefault(category, []).append(i)
+        return list(by_category.values())
+
     # ------------------------------------------------------------------ one step
     def _step_prompts(self, step: int) -> tuple[list[str], list[int], list[int]]:
         """This rank's prompts (each repeated G times), their seeds, and global prompt slots.
@@ -182,7 +200,12 @@ class Trainer:
         g = self.config.grpo
         total = g.prompts_per_step * self.world
         rng = torch.Generator().manual_seed(self.config.run.seed * 1_000_003 + step)
-        picks = torch.randint(len(self.train_prompts), (total,), generator=rng).tolist()
+        if len(self.prompt_groups) == 1:
+            picks = torch.randint(len(self.train_prompts), (total,), generator=rng).tolist()
+        else:  # a uniform group (category), then a uniform prompt of it
+            kinds = torch.randint(len(self.prompt_groups), (total,), generator=rng).tolist()
+            within = torch.rand(total, generator=rng, dtype=torch.float64).tolist()
+            picks = [self.prompt_groups[k][int(u * len(self.prompt_groups[k]))] for k, u in zip(kinds, within)]
         slots = list(range(self.rank * g.prompts_per_step, (self.rank + 1) * g.prompts_per_step))
         prompts = [self.train_prompts[picks[s]] for s in slots for _ in range(g.group_size)]
         seeds = [sample_seed(self.config.run.seed, step, s, i) for s in slots for i in range(g.group_size)]
@@ -239,6 +262,9 @@ class Trainer:
         metrics.update(outcome.metrics)
         metrics.update({
             "advantage_mean": advantages.mean().item(), "advantage_abs_mean": advantages.abs().mean().item(),
+            # groups whose rewards are all equal carry no advantage: a coarse reward starves GRPO
+            "zero_variance_fraction": adv_mod.zero_variance_groups(
+                dist_utils.all_gather_cat(rewards), self.config.grpo.group_size).float().mean().item(),
             "lr": self.scheduler.get_last_lr()[0], "skipped_total": self.skipped_total,
         })
         total_time = sum(timings.values())

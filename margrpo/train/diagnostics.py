@@ -1,0 +1,192 @@
+"""Why RL does or does not move a model: four checks on one GRPO step, as a library and a command.
+
+    margrpo diagnose --config configs/shapes-tiny.yaml [--etas 0,1e-4,3e-4,1e-3] [key=value ...]
+
+1. recorded log-probs: the rollout's stored log-prob of every recorded transition equals the Gaussian
+   log-density of its own (x_prev, mean, std): the sampler wrote what it sampled.
+2. on-policy ratio: the training likelihood (the update's forward mode and numerics) of the same
+   transitions under the unchanged policy reproduces the stored log-probs, so the first update's
+   ratio is 1 (its largest |log ratio| is reported; fp32 rounding gives ~1e-3 on late, small-std steps).
+3. signal: the fraction of groups whose rewards are all equal (they carry no advantage at all).
+4. direction: the policy-gradient direction of one step, applied with growing step sizes eta, and the
+   mean reward of fresh samples of the same prompts (fixed seeds, so the comparison between step sizes
+   is paired): if no eta raises the reward, the update direction itself carries no usable signal and no
+   learning-rate tuning can help. Two directions: the gradient scaled to unit RMS per parameter, and
+   its sign (what Adam's first step applies, whatever the gradient's magnitude).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+
+from margrpo.grpo.advantages import zero_variance_groups
+from margrpo.ops import reference as ops_reference
+
+
+def recorded_logp_error(rollout) -> float:
+    """Largest |stored logp - log N(x_prev; mean, std^2)| over the recorded transitions (0 if none)."""
+    if rollout.logp.numel() == 0:
+        return 0.0
+    C = rollout.x_prev.shape[-1]
+    recomputed = ops_reference.gaussian_logprob_fwd(
+        rollout.x_prev.double().reshape(-1, C), rollout.mean.double().reshape(-1, C),
+        rollout.std.double().reshape(-1, C), ops_reference.REDUCE_SUM)
+    return float((rollout.logp.double().reshape(-1) - recomputed).abs().max())
+
+
+def first_update_log_ratio(trainer, rollout) -> float:
+    """Largest |log ratio| of the first update: the trainer's training likelihood of the rollout's
+    transitions under the policy that sampled them, against the stored log-probs."""
+    if rollout.logp.numel() == 0:
+        return 0.0
+    from margrpo.grpo.policy_update import likelihood
+
+    trainer.policy.train()
+    with torch.no_grad():
+        logp = likelihood(trainer.policy, rollout, trainer.config.grpo, bf16=trainer.config.optim.bf16).logp
+    trainer.policy.eval()
+    return float((logp.double() - rollout.logp.double()).abs().max())
+
+
+def zero_variance_fraction(rewards: torch.Tensor, group_size: int) -> float:
+    """Fraction of groups (consecutive `group_size` rewards) whose rewards are all equal."""
+    flat = zero_variance_groups(rewards.flatten(), group_size)
+    return float(flat.view(-1, group_size)[:, 0].float().mean())
+
+
+class _GradientCapture:
+    """Stands in for the optimizer for one train_step: keeps the (clipped) gradient, changes nothing."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.param_groups = optimizer.param_groups
+        self.params = [p for group in optimizer.param_groups for p in group["params"]]
+        self.grads: list[torch.Tensor] | None = None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def step(self) -> None:
+        # several minibatches: their gradients add up to the step's direction
+        grads = [torch.zeros_like(p) if p.grad is None else p.grad.detach().clone() for p in self.params]
+        self.grads = grads if self.grads is None else [a + b for a, b in zip(self.grads, grads)]
+
+
+@dataclass
+class StepScan:
+    direction: str
+    etas: list[float]
+    reward: list[float]  # mean reward of the fresh samples at each eta
+    gain: list[float]  # paired mean difference to eta = 0 ...
+    gain_se: list[float]  # ... and its standard error
+
+
+@dataclass
+class Diagnosis:
+    recorded_logp_error: float
+    first_update_log_ratio: float
+    zero_variance_fraction: float
+    train_reward: float
+    grad_norm: float
+    scans: list[StepScan] = field(default_factory=list)
+
+    def table(self) -> str:
+        lines = [
+            f"recorded logp vs Gaussian of (x_prev, mean, std): max |diff| {self.recorded_logp_error:.2e}",
+            f"first update, training likelihood vs recorded:   max |log ratio| {self.first_update_log_ratio:.2e}",
+            f"groups with zero reward variance:                {self.zero_variance_fraction:.3f}",
+            f"train reward {self.train_reward:.3f}, gradient norm {self.grad_norm:.3g}",
+        ]
+        for scan in self.scans:
+            lines.append(f"step along the {scan.direction} (fresh samples of the same prompts, paired):")
+            lines.append(f"  {'eta':>9} {'reward':>8} {'gain':>8} {'+-se':>7}")
+            for eta, r, g, se in zip(scan.etas, scan.reward, scan.gain, scan.gain_se):
+                lines.append(f"  {eta:>9.2g} {r:>8.4f} {g:>+8.4f} {se:>7.4f}")
+        return "\n".join(lines)
+
+
+def _fresh_rewards(trainer, prompts: list[str], samples: int, seed: int) -> torch.Tensor:
+    from .evaluate import generate_images
+
+    expanded, images = generate_images(trainer.policy, trainer.sampler, trainer.config.rollout, prompts, samples, seed)
+    return trainer.reward(images, expanded).total.double().cpu()
+
+
+def diagnose(trainer, etas=(0.0, 1e-4, 3e-4, 1e-3, 3e-3), samples_per_prompt: int = 8,
+             scan_seed: int = 987_654) -> Diagnosis:
+    """Run the four checks on the trainer's next step (its prompts and seeds); the policy's weights
+    are restored afterwards and its optimizer is not touched."""
+    from margrpo.rollout import generate
+
+    prompts, seeds, _ = trainer._step_prompts(trainer.step)
+    trainer.policy.eval()
+    rollout = generate(trainer.policy, prompts, trainer.config.rollout, seeds, sampler=trainer.sampler,
+                       plan=trainer._plan(trainer.step))
+    rewards = trainer.reward(rollout.images, prompts).total.float()
+    diagnosis = Diagnosis(
+        recorded_logp_error=recorded_logp_error(rollout),
+        first_update_log_ratio=first_update_log_ratio(trainer, rollout),
+        zero_variance_fraction=zero_variance_fraction(rewards, trainer.config.grpo.group_size),
+        train_reward=float(rewards.mean()), grad_norm=float("nan"),
+    )
+
+    optimizer, capture = trainer.optimizer, _GradientCapture(trainer.optimizer)
+    trainer.optimizer = capture
+    try:
+        with warnings.catch_warnings():  # the scheduler steps although the stand-in optimizer did not
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
+            metrics = trainer.train_step()  # the same step: same prompts, seeds and plan
+    finally:
+        trainer.optimizer = optimizer
+    if capture.grads is None:
+        raise RuntimeError(f"diagnose: the train step was skipped ({metrics.get('skipped')}); no gradient")
+    diagnosis.grad_norm = float(metrics["grad_norm"])
+    params, grads = capture.params, capture.grads
+    flat = torch.cat([g.flatten() for g in grads])
+    rms = flat.pow(2).mean().sqrt().clamp_min(1e-30)
+    directions = {"gradient (unit RMS)": [g / rms for g in grads], "gradient sign (Adam's first step)": [g.sign() for g in grads]}
+    unique = list(dict.fromkeys(prompts))
+    start = [p.detach().clone() for p in params]
+    try:
+        for name, direction in directions.items():
+            per_eta = []
+            for eta in etas:
+                with torch.no_grad():
+                    for p, p0, d in zip(params, start, direction):
+                        p.copy_(p0 - eta * d)  # the loss decreases along -gradient
+                per_eta.append(_fresh_rewards(trainer, unique, samples_per_prompt, scan_seed))
+            base = per_eta[0]
+            diffs = [r - base for r in per_eta]
+            diagnosis.scans.append(StepScan(
+                direction=name, etas=list(etas), reward=[float(r.mean()) for r in per_eta],
+                gain=[float(d.mean()) for d in diffs],
+                gain_se=[float(d.std(unbiased=True) / math.sqrt(d.numel())) if d.numel() > 1 else 0.0 for d in diffs],
+            ))
+    finally:
+        with torch.no_grad():
+            for p, p0 in zip(params, start):
+                p.copy_(p0)
+    return diagnosis
+
+
+def main(argv: list[str] | None = None) -> int:
+    """margrpo diagnose --config FILE [--etas ...] [key=value ...]: the four checks on one step."""
+    from .trainer import Trainer
+
+    parser = argparse.ArgumentParser(prog="margrpo diagnose", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--etas", default="0,1e-4,3e-4,1e-3,3e-3",
+                        help="step sizes along each direction, comma-separated; the first should be 0")
+    parser.add_argument("--samples", type=int, default=8, help="fresh samples per prompt for each step size")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
+    etas = [float(x) for x in args.etas.split(",") if x.strip()]
+    if not etas or etas[0] != 0.0:
+        parser.error(f"--etas: got {args.etas!r}, expected a comma list starting with 0 (the baseline)")
+    trainer = Trainer.from_files(args.config, args.overrides + ["run.resume=never"], create_run_dir=False)
+    print(diagnose(trainer, etas, args.samples).table())
+    return 0

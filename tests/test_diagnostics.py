@@ -1,0 +1,124 @@
+"""margrpo.train.diagnostics (the four checks of `margrpo diagnose`) and run.train_prompt_mix."""
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+from conftest import make_tiny_checkpoint
+from margrpo.config import ConfigError
+from margrpo.rewards import Reward, register
+from margrpo.rollout import generate
+from margrpo.train import diagnostics
+from margrpo.train.config import load_config
+from margrpo.train.trainer import Trainer
+
+
+@register("test_diagnostics_brightness")
+class Brightness(Reward):
+    """A continuous toy reward (never ties within a group)."""
+
+    def score(self, images, prompts, metadata):
+        return images.mean((1, 2, 3))
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory):
+    return make_tiny_checkpoint(tmp_path_factory, depth=1)
+
+
+def make(tmp_path, checkpoint, *extra) -> Trainer:
+    overrides = [
+        f"backbone.checkpoint={checkpoint}", f"run.out_dir={tmp_path / 'run'}", "run.tensorboard=false",
+        "run.eval_every=0", "run.save_every=0", "run.threads=1", "rollout.num_mask_steps=4",
+        "rollout.record_mask_steps=2", "rollout.record_diffusion_steps=2", "rollout.num_seeds=2", "grpo.mte=true",
+        "grpo.group_size=4", "grpo.prompts_per_step=2", "optim.lr=1e-3", *extra,
+    ]
+    return Trainer(load_config(None, overrides), create_run_dir=False)
+
+
+def rollout_of(trainer):
+    prompts, seeds, _ = trainer._step_prompts(0)
+    return generate(trainer.policy, prompts, trainer.config.rollout, seeds, sampler=trainer.sampler,
+                    plan=trainer._plan(0))
+
+
+def test_recorded_logp_error_is_rounding_and_sees_a_wrong_record(tmp_path, tiny_checkpoint):
+    rollout = rollout_of(make(tmp_path, tiny_checkpoint))
+    assert rollout.logp.numel() > 0
+    assert diagnostics.recorded_logp_error(rollout) < 1e-3  # fp32 rounding of a 48-channel sum
+    rollout.logp[0, 1, 3] += 0.5
+    assert diagnostics.recorded_logp_error(rollout) == pytest.approx(0.5, abs=1e-3)
+
+
+def test_first_update_log_ratio_is_zero_in_float64_and_sees_a_changed_policy(tmp_path, tiny_checkpoint):
+    trainer = make(tmp_path, tiny_checkpoint, "grpo.kl_beta=0")
+    trainer.policy.double()
+    rollout = rollout_of(trainer)
+    assert rollout.logp.dtype == torch.float64
+    assert diagnostics.first_update_log_ratio(trainer, rollout) < 1e-9
+    with torch.no_grad():  # a policy other than the sampling one is off-policy at once
+        for p in trainer.policy.parameters():
+            if p.requires_grad:
+                p.add_(0.05 * torch.randn_like(p))
+    assert diagnostics.first_update_log_ratio(trainer, rollout) > 1e-4
+
+
+def test_zero_variance_fraction_counts_flat_groups():
+    rewards = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.5, 0.5, 0.2, 0.2, 0.2, 0.3])
+    assert diagnostics.zero_variance_fraction(rewards, 4) == pytest.approx(1 / 3)
+    assert diagnostics.zero_variance_fraction(rewards, 2) == pytest.approx(4 / 6)
+
+
+def test_diagnose_restores_the_policy_and_leaves_the_optimizer_untouched(tmp_path, tiny_checkpoint):
+    trainer = make(tmp_path, tiny_checkpoint, "rewards={test_diagnostics_brightness: 1.0}")
+    before = {k: v.clone() for k, v in trainer.policy.state_dict().items()}
+    etas = (0.0, 1e-3, 1e-2)
+    result = diagnostics.diagnose(trainer, etas=etas, samples_per_prompt=2)
+    after = trainer.policy.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert not trainer.optimizer.state  # Adam never stepped
+    assert trainer.step == 0
+    assert len(result.scans) == 2
+    for scan in result.scans:
+        assert scan.etas == list(etas) and len(scan.reward) == len(etas)
+        assert scan.gain[0] == 0.0 and scan.gain_se[0] == 0.0
+    # a step along the direction changes the samples (the direction is not zero)
+    assert any(g != 0.0 for scan in result.scans for g in scan.gain[1:])
+    assert result.grad_norm > 0
+    assert 0.0 <= result.zero_variance_fraction <= 1.0
+    assert "max |log ratio|" in result.table()
+
+
+def test_train_step_reports_the_zero_variance_fraction(tmp_path, tiny_checkpoint):
+    trainer = make(tmp_path, tiny_checkpoint, "rewards={test_diagnostics_brightness: 1.0}")
+    metrics = trainer.train_step()
+    assert metrics["zero_variance_fraction"] == 0.0  # a continuous reward never ties
+    # a reward that ignores the image: every group is flat
+    trainer.reward = lambda images, prompts: type("R", (), {"total": torch.zeros(len(prompts)),
+                                                          "log_values": lambda self, prefix: {}})()
+    trainer.step = 1
+    assert trainer.train_step()["zero_variance_fraction"] == 1.0
+
+
+def test_category_prompt_mix_trains_every_category_equally_often(tmp_path, tiny_checkpoint):
+    from margrpo.testbed.grammar import parse_prompt
+
+    def draws(mix):
+        trainer = make(tmp_path, tiny_checkpoint, f"run.train_prompt_mix={mix}", "grpo.prompts_per_step=50")
+        prompts = [p for step in range(8) for p in trainer._step_prompts(step)[0][:: trainer.config.grpo.group_size]]
+        return Counter(parse_prompt(p).category for p in prompts)
+
+    uniform, balanced = draws("uniform"), draws("category")
+    assert sum(balanced.values()) == 400
+    assert set(balanced) == {"single", "binding", "counting", "spatial"}
+    assert max(balanced.values()) < 140 and min(balanced.values()) > 60  # 100 each expected
+    assert uniform["spatial"] > 250  # the train split is about 81% spatial
+
+
+def test_category_prompt_mix_needs_shapesworld_prompts(tmp_path, tiny_checkpoint):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a photo of a cat\n")
+    with pytest.raises(ConfigError, match="run.train_prompt_mix"):
+        make(tmp_path, tiny_checkpoint, "run.train_prompt_mix=category", f"run.train_prompts={prompts}")
