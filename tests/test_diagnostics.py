@@ -122,3 +122,15 @@ def test_category_prompt_mix_needs_shapesworld_prompts(tmp_path, tiny_checkpoint
     prompts.write_text("a photo of a cat\n")
     with pytest.raises(ConfigError, match="run.train_prompt_mix"):
         make(tmp_path, tiny_checkpoint, "run.train_prompt_mix=category", f"run.train_prompts={prompts}")
+
+
+def test_gradient_variance_is_paired_and_restores_the_settings(tmp_path, tiny_checkpoint):
+    trainer = make(tmp_path, tiny_checkpoint, "rewards={test_diagnostics_brightness: 1.0}")
+    same = {"a": {"mte": True}, "b": {"mte": True}, "off": {"mte": False}}
+    a, b, off = diagnostics.gradient_variance(trainer, rollouts=3, variants=same)
+    assert a.total_variance > 0 and a.mean_sq_norm > 0
+    assert a.total_variance == pytest.approx(b.total_variance, rel=1e-12)  # same rollouts, same estimate
+    assert off.total_variance != pytest.approx(a.total_variance, rel=1e-6)  # MTE changes the estimate
+    assert trainer.config.grpo.mte is True and trainer.step == 0
+    with pytest.raises(ValueError, match="rollouts"):
+        diagnostics.gradient_variance(trainer, rollouts=1)

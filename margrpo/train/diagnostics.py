@@ -116,6 +116,61 @@ def _fresh_rewards(trainer, prompts: list[str], samples: int, seed: int) -> torc
     return trainer.reward(images, expanded).total.double().cpu()
 
 
+def _step_gradient(trainer, step: int) -> list[torch.Tensor]:
+    """The (clipped) update direction of the trainer's step `step` (its prompts, seeds and plan);
+    weights, optimizer and step counter unchanged."""
+    optimizer, capture, current = trainer.optimizer, _GradientCapture(trainer.optimizer), trainer.step
+    trainer.optimizer, trainer.step = capture, step
+    try:
+        with warnings.catch_warnings():  # the scheduler steps although the stand-in optimizer did not
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
+            metrics = trainer.train_step()
+    finally:
+        trainer.optimizer, trainer.step = optimizer, current
+    if capture.grads is None:
+        raise RuntimeError(f"step {step} was skipped ({metrics.get('skipped')}); no gradient")
+    return capture.grads
+
+
+@dataclass
+class GradientVariance:
+    """Spread of the per-step policy-gradient estimate over independent rollouts (steps 0..n-1)."""
+
+    variant: str
+    rollouts: int
+    mean_sq_norm: float  # ||mean gradient||^2
+    total_variance: float  # trace of the covariance: mean ||g_i - mean||^2 (unbiased)
+    relative_variance: float  # total_variance / mean_sq_norm: lower = a more reliable direction
+
+
+def gradient_variance(trainer, rollouts: int = 6, variants: dict[str, dict[str, object]] | None = None
+                      ) -> list[GradientVariance]:
+    """The variance of the update direction over `rollouts` independent steps, for each variant of
+    grpo settings (default: with and without MTE), the same rollouts for every variant (paired)."""
+    if rollouts < 2:
+        raise ValueError(f"rollouts: got {rollouts}, expected >= 2 (a variance needs two samples)")
+    variants = variants or {"with MTE": {"mte": True}, "without MTE": {"mte": False}}
+    grpo = trainer.config.grpo
+    saved = {key: getattr(grpo, key) for change in variants.values() for key in change}
+    out = []
+    try:
+        for name, change in variants.items():
+            for key, value in saved.items():
+                setattr(grpo, key, value)
+            for key, value in change.items():
+                setattr(grpo, key, value)
+            flat = torch.stack([torch.cat([g.flatten() for g in _step_gradient(trainer, step)]).double()
+                                for step in range(rollouts)])
+            mean = flat.mean(0)
+            total = float((flat - mean).pow(2).sum(1).sum() / (rollouts - 1))
+            sq = float(mean.pow(2).sum())
+            out.append(GradientVariance(name, rollouts, sq, total, total / max(sq, 1e-300)))
+    finally:
+        for key, value in saved.items():
+            setattr(grpo, key, value)
+    return out
+
+
 def diagnose(trainer, etas=(0.0, 1e-4, 3e-4, 1e-3, 3e-3), samples_per_prompt: int = 8,
              scan_seed: int = 987_654) -> Diagnosis:
     """Run the four checks on the trainer's next step (its prompts and seeds); the policy's weights
@@ -134,18 +189,9 @@ def diagnose(trainer, etas=(0.0, 1e-4, 3e-4, 1e-3, 3e-3), samples_per_prompt: in
         train_reward=float(rewards.mean()), grad_norm=float("nan"),
     )
 
-    optimizer, capture = trainer.optimizer, _GradientCapture(trainer.optimizer)
-    trainer.optimizer = capture
-    try:
-        with warnings.catch_warnings():  # the scheduler steps although the stand-in optimizer did not
-            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
-            metrics = trainer.train_step()  # the same step: same prompts, seeds and plan
-    finally:
-        trainer.optimizer = optimizer
-    if capture.grads is None:
-        raise RuntimeError(f"diagnose: the train step was skipped ({metrics.get('skipped')}); no gradient")
-    diagnosis.grad_norm = float(metrics["grad_norm"])
-    params, grads = capture.params, capture.grads
+    grads = _step_gradient(trainer, trainer.step)  # the same step: same prompts, seeds and plan
+    params = [p for group in trainer.optimizer.param_groups for p in group["params"]]
+    diagnosis.grad_norm = float(torch.cat([g.flatten() for g in grads]).norm())
     flat = torch.cat([g.flatten() for g in grads])
     rms = flat.pow(2).mean().sqrt().clamp_min(1e-30)
     directions = {"gradient (unit RMS)": [g / rms for g in grads], "gradient sign (Adam's first step)": [g.sign() for g in grads]}
@@ -182,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--etas", default="0,1e-4,3e-4,1e-3,3e-3",
                         help="step sizes along each direction, comma-separated; the first should be 0")
     parser.add_argument("--samples", type=int, default=8, help="fresh samples per prompt for each step size")
+    parser.add_argument("--variance", type=int, default=0, metavar="N",
+                        help="also the policy-gradient variance over N rollouts, with and without MTE")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     etas = [float(x) for x in args.etas.split(",") if x.strip()]
@@ -189,4 +237,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--etas: got {args.etas!r}, expected a comma list starting with 0 (the baseline)")
     trainer = Trainer.from_files(args.config, args.overrides + ["run.resume=never"], create_run_dir=False)
     print(diagnose(trainer, etas, args.samples).table())
+    if args.variance:
+        print(f"policy-gradient variance over {args.variance} rollouts (same rollouts for each variant):")
+        print(f"  {'variant':<14} {'|mean g|^2':>11} {'tr Cov':>11} {'relative':>9}")
+        for v in gradient_variance(trainer, args.variance):
+            print(f"  {v.variant:<14} {v.mean_sq_norm:>11.4g} {v.total_variance:>11.4g} {v.relative_variance:>9.3f}")
     return 0
