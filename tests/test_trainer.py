@@ -211,16 +211,28 @@ def test_two_process_gloo_matches_one_process(tmp_path, tiny_checkpoint):
         torch.testing.assert_close(w2[key], w1[key], rtol=0, atol=0.05 * moved)
 
 
-def test_ablation_table_shape():
-    from margrpo.train.ablate import LADDER, format_table
+def test_ablation_table_reports_paired_gains_with_intervals(tmp_path):
+    from margrpo.train.ablate import LADDER, format_table, plot_gains, seed_stats
 
-    results = {rung: [{"after": {"heldout/overall": 0.1 * i + s, "heldout/color": 0.5}, "kl": 1e-3} for s in (0.0, 0.2)]
+    results = {rung: [{"before": {"heldout/overall": 0.3}, "after": {"heldout/overall": 0.3 + 0.1 * i + s,
+                                                                       "heldout/color": 0.5}, "kl": 1e-3}
+                      for s in (0.0, 0.2)]
                for i, rung in enumerate(LADDER)}
     table = format_table(results).splitlines()
-    assert table[0].split(" | ")[:3] == ["rung", "color", "overall"]
+    assert table[0].split(" | ")[:6] == ["rung", "seeds", "overall before", "overall after", "gain mean", "gain 95% CI"]
     assert len(table) == 2 + len(LADDER)
-    full = table[-1].split(" | ")
-    assert full[0] == "full" and float(full[2]) == pytest.approx(0.4) and float(full[3]) == pytest.approx(0.1)
+    last = table[-1].split(" | ")
+    i = len(LADDER) - 1
+    assert last[0] == "preset" and last[1] == "2"
+    assert float(last[4]) == pytest.approx(0.1 * i + 0.1)
+    # two seeds: t(1) = 12.706, sd = 0.1414: half-width 12.706 * 0.1414 / sqrt(2) = 1.2706
+    low, high = (float(x) for x in last[5].strip("[]").split(", "))
+    assert high - low == pytest.approx(2 * 1.2706, abs=2e-3)
+    assert float(last[7]) == pytest.approx(0.1 * i)  # the smaller gain
+    stats = seed_stats([1.0, 2.0, 3.0, float("nan")])
+    assert stats["n"] == 3 and stats["mean"] == 2.0 and stats["sd"] == 1.0
+    assert stats["ci95"] == pytest.approx(4.303 / 3 ** 0.5)
+    assert plot_gains(results, tmp_path / "a.png").stat().st_size > 1000
 
 
 def test_micro_batches_accumulate_to_the_same_update(tmp_path, tiny_checkpoint):
