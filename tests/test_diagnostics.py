@@ -129,6 +129,7 @@ def test_gradient_variance_is_paired_and_restores_the_settings(tmp_path, tiny_ch
     same = {"a": {"mte": True}, "b": {"mte": True}, "off": {"mte": False}}
     a, b, off = diagnostics.gradient_variance(trainer, rollouts=3, variants=same)
     assert a.total_variance > 0 and a.mean_sq_norm > 0
+    assert a.signal_sq_norm == pytest.approx(a.mean_sq_norm - a.total_variance / 3)
     assert a.total_variance == pytest.approx(b.total_variance, rel=1e-12)  # same rollouts, same estimate
     assert off.total_variance != pytest.approx(a.total_variance, rel=1e-6)  # MTE changes the estimate
     assert trainer.config.grpo.mte is True and trainer.step == 0

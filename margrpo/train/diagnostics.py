@@ -141,6 +141,9 @@ class GradientVariance:
     mean_sq_norm: float  # ||mean gradient||^2
     total_variance: float  # trace of the covariance: mean ||g_i - mean||^2 (unbiased)
     relative_variance: float  # total_variance / mean_sq_norm: lower = a more reliable direction
+    # unbiased estimate of ||E g||^2 (mean_sq_norm overstates it by total_variance / rollouts); near
+    # or below 0: the expected gradient is not detectable in one step's estimate
+    signal_sq_norm: float
 
 
 def gradient_variance(trainer, rollouts: int = 6, variants: dict[str, dict[str, object]] | None = None
@@ -164,7 +167,7 @@ def gradient_variance(trainer, rollouts: int = 6, variants: dict[str, dict[str, 
             mean = flat.mean(0)
             total = float((flat - mean).pow(2).sum(1).sum() / (rollouts - 1))
             sq = float(mean.pow(2).sum())
-            out.append(GradientVariance(name, rollouts, sq, total, total / max(sq, 1e-300)))
+            out.append(GradientVariance(name, rollouts, sq, total, total / max(sq, 1e-300), sq - total / rollouts))
     finally:
         for key, value in saved.items():
             setattr(grpo, key, value)
@@ -239,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     print(diagnose(trainer, etas, args.samples).table())
     if args.variance:
         print(f"policy-gradient variance over {args.variance} rollouts (same rollouts for each variant):")
-        print(f"  {'variant':<14} {'|mean g|^2':>11} {'tr Cov':>11} {'relative':>9}")
+        print(f"  {'variant':<14} {'|mean g|^2':>11} {'tr Cov':>11} {'relative':>9} {'|E g|^2 est':>12}")
         for v in gradient_variance(trainer, args.variance):
-            print(f"  {v.variant:<14} {v.mean_sq_norm:>11.4g} {v.total_variance:>11.4g} {v.relative_variance:>9.3f}")
+            print(f"  {v.variant:<14} {v.mean_sq_norm:>11.4g} {v.total_variance:>11.4g} {v.relative_variance:>9.3f}"
+                  f" {v.signal_sq_norm:>12.4g}")
     return 0
