@@ -77,7 +77,8 @@ class StandInBackbone(nn.Module):
     def negative_prompt(self) -> str:
         return ""
 
-    def forward_z(self, prompts: PromptBatch, canvas: torch.Tensor, known: torch.Tensor) -> torch.Tensor:
+    def forward_z(self, prompts: PromptBatch, canvas: torch.Tensor, known: torch.Tensor,
+                  known_count: int | None = None) -> torch.Tensor:
         text = (prompts.embeds * prompts.mask[..., None]).sum(1) / prompts.mask.sum(1, keepdim=True).clamp(min=1)
         tokens = torch.where(known[..., None], self.token_in(canvas), self.mask_embed)
         return tokens + self.pos_embed + text[:, None]
@@ -141,7 +142,7 @@ def per_seed_rollout(backbone, prompts: list[str], config: RolloutConfig, sample
         n = counts[step]
         revealed = order[:, start : start + n]
         positions = every if all_tokens else revealed
-        z = forward_rows(backbone, rows, canvas, known)
+        z = forward_rows(backbone, rows, canvas, known, start)
         noise = torch.randn(sampler.num_steps + 1, K + 1, positions.numel(), C, generator=generator, device=device)
         out = eager_multi_seed_denoise(
             backbone.head, head_condition(z, rows, positions), sampler, K, noise,
