@@ -15,7 +15,8 @@ Models:
                channels; Harmon mar_h K=5 CFG 3 on eps) behind a stand-in backbone of one linear layer:
                the transformer costs the same S forward passes in every path, so it is left out and
                the table isolates the work the paths do differently.
-Time: median of `repeats` rollouts after one warm-up (perf_counter on CPU, CUDA events on CUDA).
+Time: median of `repeats` rounds after one warm-up, the paths interleaved in each round
+(margrpo.bench.timing; perf_counter on CPU, CUDA events on CUDA).
 The reference path does about S times the head work of the others: the defaults on CUDA (B=2,
 N=1024, S=64, T=25, one timed run) take an estimated 1-2 minutes in all on an H200, mostly the
 Harmon reference; shorten with --paths or --mask-steps.
@@ -36,7 +37,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from margrpo.bench.denoise import CASES, build, make_sampler, time_ms
+from margrpo.bench.denoise import CASES, build, make_sampler
+from margrpo.bench.timing import median_ms
 from margrpo.bench.machine import machine_description, split_choices
 from margrpo.heads import reinit_zero_layers_
 from margrpo.heads.reference import eager_multi_seed_denoise
@@ -84,8 +86,8 @@ class StandInBackbone(nn.Module):
         return tokens + self.pos_embed + text[:, None]
 
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
-        side = int(self.num_tokens ** 0.5)
-        return tokens[..., :3].transpose(1, 2).reshape(tokens.shape[0], 3, side, -1).sigmoid()
+        """A [B, 3, 1, N] strip of the first 3 channels (any token count; nothing reads its pixels)."""
+        return tokens[..., :3].transpose(1, 2).unsqueeze(2).sigmoid()
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for name, p in self.named_parameters() if not name.startswith("head.")]
@@ -190,7 +192,7 @@ def run(models: tuple[str, ...], paths: tuple[str, ...], device: torch.device, d
     for model in models:
         setup = make_setup(model, device, dtype, tokens, mask_steps, diffusion_steps)
         fns = path_functions(setup, batch, device)
-        timed = {path: time_ms(fns[path], device, repeats) for path in paths}
+        timed = median_ms({path: fns[path] for path in paths}, device, repeats)
         for path, ms in timed.items():
             speedup = timed["reference"] / ms if "reference" in timed else None
             rows.append(Row(model, path, batch, setup.backbone.num_tokens, mask_steps, setup.sampler.num_steps,
