@@ -18,7 +18,7 @@ Reported: milliseconds per rollout and per GRPO step (rollout + update, rewards 
 of fused over reference, peak CUDA memory, and the S backbone passes of a rollout alone: they are
 the same in both rollouts, so "head" (rollout minus backbone) isolates the work the paths organise
 differently. Timing: median of `repeats` rounds after a warm-up, the paths interleaved in each round
-(margrpo.bench.timing: CUDA events on a GPU); peak memory from one more call of each path.
+(margrpo.bench.timing: CUDA events on a GPU); peak memory from the warm-up call of each path.
 
     python benchmarks/gpu/harmon.py --tiny             # CPU, tiny dims, seconds
     python benchmarks/gpu/harmon.py --out results/     # the real-size run (H200: about a minute)
@@ -184,8 +184,9 @@ def backbone_only(model, prompts: list[str], config: RolloutConfig) -> None:
 
 
 def _peak_mb(fn, device: torch.device) -> float | None:
-    """Peak CUDA MB of one call of fn (None on CPU)."""
+    """Peak CUDA MB of one call of fn (None on CPU, where fn still runs once)."""
     if device.type != "cuda":
+        fn()
         return None
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
@@ -239,10 +240,12 @@ def run(out_dir: str | Path, tiny: bool = False, device: str | torch.device | No
     model.eval()
     paths = {"backbone": lambda: backbone_only(model, prompts, config), "fused_rollout": fused_rollout,
              "ref_rollout": ref_rollout, "fused_step": fused_step, "ref_step": ref_step}
-    ms = median_ms(paths, device, setting.repeats)  # interleaved rounds
+    # the warm-up call of each path measures its peak memory; then interleaved timed rounds
+    peaks = {name: _peak_mb(fn, device) for name, fn in paths.items()}
+    ms = median_ms(paths, device, setting.repeats, warmup=0)
     backbone_ms, fused_rollout_ms, ref_rollout_ms, fused_step_ms, ref_step_ms = ms.values()
     fused_rollout_mb, ref_rollout_mb, fused_step_mb, ref_step_mb = (
-        _peak_mb(paths[name], device) for name in ("fused_rollout", "ref_rollout", "fused_step", "ref_step"))
+        peaks[name] for name in ("fused_rollout", "ref_rollout", "fused_step", "ref_step"))
     result = {
         "benchmark": "harmon", "setting": {k: str(v) if isinstance(v, torch.dtype) else v
                                            for k, v in dataclasses.asdict(setting).items()},

@@ -19,7 +19,6 @@ largest |x0 - eager x0| relative to the largest |eager x0| as a sanity check.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from collections.abc import Callable
@@ -28,7 +27,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from margrpo.bench.machine import machine_description, split_choices
+from margrpo.bench.machine import JsonReport, split_choices
 from margrpo.bench.timing import median_ms
 from margrpo.diffusion import DDPMSampler, mar_sampler
 from margrpo.heads import Guidance, mar_head, multi_seed_denoise, nova_head
@@ -126,7 +125,8 @@ def methods(head: nn.Module, case: Case, sampler, z, noise, names: tuple[str, ..
 
 
 def run(cases: tuple[str, ...], names: tuple[str, ...], device: torch.device, tokens: int, steps: int,
-        repeats: int, dtype: torch.dtype) -> list[Row]:
+        repeats: int, dtype: torch.dtype, on_row: Callable[[Row], None] | None = None) -> list[Row]:
+    """Time the methods of every case; on_row(row) is called as each row is measured."""
     rows = []
     for case_name in cases:
         case = CASES[case_name]
@@ -140,6 +140,8 @@ def run(cases: tuple[str, ...], names: tuple[str, ...], device: torch.device, to
             diff = None if reference is None else float((fns[name]() - reference).abs().max() / reference.abs().max())
             speedup = timed["eager"] / ms if "eager" in timed else None
             rows.append(Row(case_name, name, tokens, steps, case.num_seeds, ms, speedup, diff))
+            if on_row:
+                on_row(rows[-1])
         del head
     return rows
 
@@ -173,12 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     steps = args.steps or (25 if gpu else 4)
     repeats = args.repeats or (10 if gpu else 1)
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if gpu else torch.float32)
+    report = JsonReport(args.json, device, dtype=str(dtype))
     rows = run(split_choices(args.cases, tuple(CASES), "cases"), split_choices(args.methods, METHODS, "methods"),
-               device, tokens, steps, repeats, dtype)
+               device, tokens, steps, repeats, dtype, on_row=lambda row: report.add(asdict(row)))
     print(format_table(rows))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"machine": machine_description(device), "dtype": str(dtype), "rows": [asdict(r) for r in rows]}, f, indent=1)
     return 0
 
 

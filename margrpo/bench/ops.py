@@ -20,7 +20,6 @@ variants have 16x the images. Every op reads the shape its own way (see `make_in
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from collections.abc import Callable
@@ -29,7 +28,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
-from margrpo.bench.machine import machine_description, split_choices
+from margrpo.bench.machine import JsonReport, split_choices
 from margrpo.bench.timing import interleaved_ms
 
 OPS = ("gaussian_logprob", "trajectory_std+topk_mask", "consistency_mask", "grpo_surrogate")
@@ -283,8 +282,10 @@ def run(
     compile: bool = True,
     min_time_s: float = 0.3,
     log: Callable[[str], None] | None = None,
+    on_row: Callable[[Row], None] | None = None,
 ) -> list[Row]:
-    """Time every implementation of every op on every shape; the rows carry speedups over eager."""
+    """Time every implementation of every op on every shape; the rows carry speedups over eager.
+    on_row(row) is called as each row is measured."""
     device = torch.device(device)
     for name in shapes:
         if name not in SHAPES:
@@ -304,6 +305,8 @@ def run(
                 if log:
                     log(f"{op:<26} {shape_name:<11} {impl:<16} {median:10.3f} ms (min {fastest:.3f})")
                 rows.append(Row(op, shape_name, list(dims), impl, device.type, median, fastest, eager_median / median))
+                if on_row:
+                    on_row(rows[-1])
     return rows
 
 
@@ -332,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
+    report = JsonReport(args.json, device)
     rows = run(
         split_choices(args.ops, OPS, "ops"),
         split_choices(args.shapes, tuple(SHAPES), "shapes"),
@@ -339,11 +343,9 @@ def main(argv: list[str] | None = None) -> int:
         compile=not args.no_compile,
         min_time_s=args.min_time,
         log=lambda line: print(line, file=sys.stderr, flush=True),
+        on_row=lambda row: report.add(asdict(row)),
     )
     print(format_table(rows))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"machine": machine_description(device), "rows": [asdict(r) for r in rows]}, f, indent=1)
     return 0
 
 

@@ -27,7 +27,6 @@ Harmon reference; shorten with --paths or --mask-steps.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import zlib
 from collections.abc import Callable
@@ -39,7 +38,7 @@ from torch import nn
 
 from margrpo.bench.denoise import CASES, build, make_sampler
 from margrpo.bench.timing import median_ms
-from margrpo.bench.machine import machine_description, split_choices
+from margrpo.bench.machine import JsonReport, split_choices
 from margrpo.heads import reinit_zero_layers_
 from margrpo.heads.reference import eager_multi_seed_denoise
 from margrpo.models.base import PromptBatch
@@ -187,7 +186,9 @@ class Row:
 
 
 def run(models: tuple[str, ...], paths: tuple[str, ...], device: torch.device, dtype: torch.dtype, batch: int,
-        tokens: int, mask_steps: int, diffusion_steps: int, repeats: int) -> list[Row]:
+        tokens: int, mask_steps: int, diffusion_steps: int, repeats: int,
+        on_row: Callable[[Row], None] | None = None) -> list[Row]:
+    """Time the paths of every model; on_row(row) is called as each row is measured."""
     rows = []
     for model in models:
         setup = make_setup(model, device, dtype, tokens, mask_steps, diffusion_steps)
@@ -197,6 +198,8 @@ def run(models: tuple[str, ...], paths: tuple[str, ...], device: torch.device, d
             speedup = timed["reference"] / ms if "reference" in timed else None
             rows.append(Row(model, path, batch, setup.backbone.num_tokens, mask_steps, setup.sampler.num_steps,
                             setup.config.num_seeds, setup.config.cfg_scale, ms, batch / (ms / 1e3), speedup))
+            if on_row:
+                on_row(rows[-1])
     return rows
 
 
@@ -236,13 +239,10 @@ def main(argv: list[str] | None = None) -> int:
                         ("diffusion-steps", diffusion_steps), ("repeats", repeats)):
         if value < 1 or (name in ("mask-steps", "diffusion-steps") and value < 2):
             raise SystemExit(f"--{name}: got {value}, expected a positive integer (>= 2 for step counts)")
+    report = JsonReport(args.json, device, dtype=str(dtype))
     rows = run(split_choices(models, MODELS, "models"), split_choices(args.paths, PATHS, "paths"), device, dtype, batch,
-               tokens, mask_steps, diffusion_steps, repeats)
+               tokens, mask_steps, diffusion_steps, repeats, on_row=lambda row: report.add(asdict(row)))
     print(format_table(rows))
-    if args.json:
-        with open(args.json, "w") as f:
-            report = {"machine": machine_description(device), "dtype": str(dtype), "rows": [asdict(r) for r in rows]}
-            json.dump(report, f, indent=1)
     return 0
 
 

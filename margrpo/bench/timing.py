@@ -68,8 +68,9 @@ def interleaved_ms(fns: dict[str, Callable[[], object]], device: torch.device, m
     return {name: (statistics.median(t), min(t)) for name, t in times.items()}
 
 
-def median_ms(fns: dict[str, Callable[[], object]], device: torch.device, repeats: int) -> dict[str, float]:
-    """Median ms of each fn over exactly `repeats` interleaved rounds after one warm-up call of each
+def median_ms(fns: dict[str, Callable[[], object]], device: torch.device, repeats: int,
+              warmup: int = 1) -> dict[str, float]:
+    """Median ms of each fn over exactly `repeats` interleaved rounds after `warmup` calls of each
     (for methods that take seconds: rollouts, training steps)."""
-    timed = interleaved_ms(fns, device, min_time_s=0.0, warmup=1, min_rounds=repeats, max_rounds=repeats)
+    timed = interleaved_ms(fns, device, min_time_s=0.0, warmup=warmup, min_rounds=repeats, max_rounds=repeats)
     return {name: median for name, (median, _) in timed.items()}
