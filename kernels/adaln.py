@@ -16,9 +16,14 @@ no-grad paths (rollout); the torch reference path carries gradients.
 """
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
+
+from margrpo.ops._validate import broadcast_shape
 
 
 @triton.jit
@@ -88,44 +93,96 @@ def _gate_residual_kernel(
     tl.store(out_ptr + row * W + cols, (res + gate * h).to(out_ptr.dtype.element_ty), mask=inside)
 
 
-def _launch_config(width: int) -> tuple[int, int]:
-    """(BLOCK_W, num_warps) for one row of `width` elements per program (no autotune: heuristic)."""
-    block = triton.next_power_of_2(width)
-    return block, 4 if block <= 1024 else 8
+@dataclass(frozen=True)
+class _Plan:
+    """How to launch a kernel for one layout of its three row operands (derived once, then cached).
+
+    shape: the broadcast output shape; rows: programs, one per row of W elements; inner: B of the
+    [A, B, N] row grid; strides: (a, b, n) element strides of each operand (0 on a broadcast axis);
+    first_is_output: the first operand is contiguous with the output's shape (it may be written in
+    place); rework: the operands need a copy or a reshape first (a non-unit last stride, or more
+    than two leading dims)."""
+
+    shape: tuple[int, ...]
+    rows: int
+    inner: int
+    strides: tuple[int, ...]
+    block: int
+    warps: int
+    first_is_output: bool
+    rework: bool
 
 
-def _as_rows(t: torch.Tensor, lead: torch.Size) -> torch.Tensor:
-    """`t` [..., N, W] broadcast to [*lead, N, W] and viewed as [A, B, N, W] (stride 0 = broadcast).
-
-    Lead shapes of up to 2 dims stay views; deeper ones merge the outer dims (a copy only when the
-    strides do not merge)."""
-    t = t.expand(*lead, *t.shape[-2:])
-    if len(lead) == 0:
-        return t[None, None]
-    if len(lead) == 1:
-        return t[None]
-    if len(lead) == 2:
-        return t
-    return t.reshape(-1, *t.shape[-3:])
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
 
 
-def _check(name: str, t: torch.Tensor, width: int) -> torch.Tensor:
-    if t.dim() < 2 or t.shape[-1] != width:
-        raise ValueError(f"{name}: got shape {tuple(t.shape)}, expected [..., N, {width}]")
-    return t if t.stride(-1) == 1 else t.contiguous()
+@functools.lru_cache(maxsize=1024)
+def _plan(names: tuple[str, str, str], *layouts: tuple[int, ...]) -> _Plan:
+    """The plan of operands named `names` with layouts (shape0, stride0, shape1, stride1, shape2,
+    stride2). A head makes the same dozen layouts at every diffusion step, so this runs a dozen
+    times per rollout and the launch helpers cost a cache lookup per call."""
+    shapes, strides = layouts[0::2], layouts[1::2]
+    width = shapes[0][-1] if shapes[0] else 0
+    for name, shape in zip(names, shapes):
+        if len(shape) < 2 or shape[-1] != width:
+            raise ValueError(f"{name}: got shape {tuple(shape)}, expected [..., N, {width}]")
+    shape = broadcast_shape(**dict(zip(names, shapes)))
+    lead, tokens = shape[:-2], shape[-2]
+    rows = tokens
+    for size in lead:
+        rows *= size
+    per_operand = []
+    for sizes, steps in zip(shapes, strides):
+        missing = 4 - len(sizes)  # lead dims the operand lacks: broadcast
+        outer = [0 if size == 1 else step for size, step in zip(sizes[:-2], steps[:-2])]
+        per_operand += [0] * missing + outer + [0 if sizes[-2] == 1 else steps[-2]]
+    block = 1 << (width - 1).bit_length()  # next power of two (triton's helper is a jit call)
+    first_is_output = tuple(shapes[0]) == shape and tuple(strides[0]) == _contiguous_strides(shape)
+    rework = len(lead) > 2 or any(steps[-1] != 1 for steps in strides)
+    return _Plan(shape, rows, lead[-1] if lead else 1, tuple(per_operand), block, 4 if block <= 1024 else 8,
+                 first_is_output, rework)
 
 
-def _output(out: torch.Tensor | None, shape: torch.Size, like: torch.Tensor) -> torch.Tensor:
-    if out is None:
-        return torch.empty(shape, dtype=like.dtype, device=like.device)
-    if out.shape != shape or not out.is_contiguous():
+def _reworked(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """`t` with a unit last stride, its leading dims merged to two when `shape` has more (a copy only
+    when the strides do not merge)."""
+    t = t if t.stride(-1) == 1 else t.contiguous()
+    if len(shape) > 4:
+        t = t.expand(*shape[:-2], *t.shape[-2:]).reshape(-1, *shape[-3:])
+    return t
+
+
+def _launch(kernel, flag: str, names: tuple[str, str, str], a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
+            weight, bias, eps: float, out: torch.Tensor | None, in_place: bool = False) -> torch.Tensor:
+    """Run `kernel` over the rows of operands a, b, c (flag: its constexpr switching weight/bias on)."""
+    if (weight is None) != (bias is None):
+        raise ValueError("weight/bias: got only one of them, expected both or neither")
+    plan = _plan(names, a.shape, a.stride(), b.shape, b.stride(), c.shape, c.stride())
+    if in_place and plan.first_is_output:
+        out = a
+    elif out is None:
+        out = torch.empty(plan.shape, dtype=a.dtype, device=a.device)
+    elif out.shape != plan.shape or not out.is_contiguous():
         raise ValueError(f"out: got shape {tuple(out.shape)} (contiguous={out.is_contiguous()}), "
-                         f"expected a contiguous tensor of shape {tuple(shape)}")
+                         f"expected a contiguous tensor of shape {plan.shape}")
+    if plan.rows == 0:
+        return out
+    launch = plan
+    if plan.rework:  # the output keeps its shape; the kernel only sees its base pointer
+        a, b, c = (_reworked(t, plan.shape) for t in (a, b, c))
+        launch = _plan(names, a.shape, a.stride(), b.shape, b.stride(), c.shape, c.stride())
+    affine = weight is not None
+    kernel[(launch.rows,)](
+        a, b, c, weight if affine else a, bias if affine else a, out,
+        launch.inner, launch.shape[-2], launch.shape[-1], *launch.strides, float(eps),
+        **{flag: affine}, FP64=a.dtype == torch.float64, BLOCK_W=launch.block, num_warps=launch.warps,
+    )
     return out
-
-
-def _row_strides(t: torch.Tensor) -> tuple[int, int, int]:
-    return t.stride(0), t.stride(1), t.stride(2)
 
 
 def ln_modulate(
@@ -143,26 +200,8 @@ def ln_modulate(
     contiguous [*broadcast(Lx, Lm), N, W] tensor of x's dtype (written into `out` if given);
     statistics in fp32 (fp64 for fp64).
     """
-    width = x.shape[-1]
-    x, shift, scale = (_check(n, t, width) for n, t in (("x", x), ("shift", shift), ("scale", scale)))
-    if (weight is None) != (bias is None):
-        raise ValueError("weight/bias: got only one of them, expected both or neither")
-    shape = torch.broadcast_shapes(x.shape, shift.shape, scale.shape)
-    lead, tokens = shape[:-2], shape[-2]
-    out = _output(out, shape, x)
-    if out.numel() == 0:
-        return out
-    x4, sh4, sc4 = (_as_rows(t, lead) for t in (x, shift, scale))
-    block, warps = _launch_config(width)
-    affine = weight is not None
-    _ln_modulate_kernel[(x4.shape[0] * x4.shape[1] * tokens,)](
-        x4, sh4, sc4, weight if affine else x4, bias if affine else x4, out,
-        x4.shape[1], tokens, width,
-        *_row_strides(x4), *_row_strides(sh4), *_row_strides(sc4),
-        float(eps),
-        HAS_AFFINE=affine, FP64=x.dtype == torch.float64, BLOCK_W=block, num_warps=warps,
-    )
-    return out
+    return _launch(_ln_modulate_kernel, "HAS_AFFINE", ("x", "shift", "scale"), x, shift, scale,
+                   weight, bias, eps, out)
 
 
 def gate_residual(
@@ -173,29 +212,13 @@ def gate_residual(
     bias: torch.Tensor | None = None,
     eps: float = 1e-5,
     out: torch.Tensor | None = None,
+    in_place: bool = False,
 ) -> torch.Tensor:
     """residual + gate * h, or residual + gate * LayerNorm(h; weight, bias, eps) when weight is given.
 
     All three broadcast over their leading dims (gate [*Lm, N, W] is shared by the seeds). `out`, if
-    given, must be contiguous with the broadcast shape; it may be `residual` itself (in place).
+    given, must be contiguous with the broadcast shape; it may be `residual` itself. in_place: write
+    into `residual` whenever it is contiguous with the broadcast shape (else into a new tensor).
     """
-    width = h.shape[-1]
-    residual, h, gate = (_check(n, t, width) for n, t in (("residual", residual), ("h", h), ("gate", gate)))
-    if (weight is None) != (bias is None):
-        raise ValueError("weight/bias: got only one of them, expected both or neither")
-    shape = torch.broadcast_shapes(residual.shape, h.shape, gate.shape)
-    out = _output(out, shape, residual)
-    if out.numel() == 0:
-        return out
-    lead, tokens = shape[:-2], shape[-2]
-    r4, h4, g4 = (_as_rows(t, lead) for t in (residual, h, gate))
-    block, warps = _launch_config(width)
-    norm = weight is not None
-    _gate_residual_kernel[(r4.shape[0] * r4.shape[1] * tokens,)](
-        r4, h4, g4, weight if norm else h4, bias if norm else h4, out,
-        r4.shape[1], tokens, width,
-        *_row_strides(r4), *_row_strides(h4), *_row_strides(g4),
-        float(eps),
-        HAS_NORM=norm, FP64=h.dtype == torch.float64, BLOCK_W=block, num_warps=warps,
-    )
-    return out
+    return _launch(_gate_residual_kernel, "HAS_NORM", ("residual", "h", "gate"), residual, h, gate,
+                   weight, bias, eps, out, in_place)

@@ -285,6 +285,61 @@ def test_gate_residual_kernel(adaln, dtype, norm):
     torch.testing.assert_close(again.cpu().to(F64), expected, rtol=rtol, atol=atol * 10 if dtype == torch.bfloat16 else atol)
 
 
+def test_kernels_take_deep_leading_dims_and_strided_rows(adaln):
+    """Three leading dims (merged to two before the launch) and a non-unit last stride (copied) give
+    the torch result; the in-place gate writes into a full-shape residual only."""
+    g = torch.Generator().manual_seed(5)
+    W = 24
+    x = torch.randn(2, 3, 1, 4, W, generator=g, dtype=F64)
+    shift = torch.randn(W, 4, generator=g, dtype=F64).t()  # last stride 4
+    scale = torch.randn(3, 2, 4, W, generator=g, dtype=F64)
+    expected = F.layer_norm(x, (W,), None, None, 1e-6) * (1 + scale) + shift
+    torch.testing.assert_close(adaln.ln_modulate(x, shift, scale), expected, rtol=1e-12, atol=1e-12)
+    residual, h = torch.randn(2, 3, 2, 4, W, generator=g, dtype=F64), torch.randn(3, 2, 4, W, generator=g, dtype=F64)
+    expected = residual + shift * h
+    got = adaln.gate_residual(residual, h, shift, in_place=True)
+    assert got.data_ptr() == residual.data_ptr()
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    shared = residual[:, :, :1]  # broadcast against h: cannot hold the result
+    assert adaln.gate_residual(shared, h, shift, in_place=True).data_ptr() != shared.data_ptr()
+
+
+def test_adaln_calls_make_no_tensor_op_but_the_output():
+    """The host cost of a fused adaLN call, pinned without a clock: on the Triton path (kernels
+    stubbed, meta tensors) ln_modulate runs one ATen op (its output's allocation) and the in-place
+    gate_residual none, at the layouts of a guided multi-seed step (strided views of one modulation)."""
+    pytest.importorskip("triton")
+    from margrpo.bench.host import stubbed_adaln_kernels
+    from margrpo.bench.op_counts import count_ops
+
+    meta = torch.device("meta")
+    x, h = torch.empty(4, 1, 8, 32, device=meta), torch.empty(4, 2, 8, 32, device=meta)
+    shift, scale, gate = torch.empty(2, 8, 96, device=meta).chunk(3, -1)
+    with torch.no_grad(), stubbed_adaln_kernels() as stubs:
+        layers.ln_modulate(x, shift, scale, None, None, 1e-6, "triton")  # the plan is made here
+        with count_ops() as counts:
+            layers.ln_modulate(x, shift, scale, None, None, 1e-6, "triton")
+            layers.gate_residual(h, h, gate, None, None, 0.0, "triton")
+    assert dict(counts.ops) == {"aten.empty.memory_format": 1}
+    assert sum(stub.calls for stub in stubs.values()) == 3
+
+
+def test_broadcast_shape_is_torchs_rule():
+    from margrpo.ops._validate import broadcast_shape
+
+    g = torch.Generator().manual_seed(6)
+    for _ in range(200):
+        full = torch.randint(0, 4, (4,), generator=g).tolist()
+        shapes = {}
+        for name in ("a", "b", "c"):
+            rank = int(torch.randint(0, 5, (1,), generator=g))
+            keep = torch.rand(rank, generator=g) < 0.5
+            shapes[name] = tuple(1 if k else s for s, k in zip(full[4 - rank:], keep.tolist()))
+        assert broadcast_shape(**shapes) == tuple(torch.broadcast_shapes(*shapes.values()))
+    with pytest.raises(ValueError, match=r"x, shift: got shapes x \(2, 3\), shift \(4, 3\)"):
+        broadcast_shape(x=(2, 3), shift=(4, 3))
+
+
 def test_kernel_wrappers_reject_bad_arguments(adaln):
     x = torch.randn(2, 3, 8)
     with pytest.raises(ValueError, match="shift: got shape"):

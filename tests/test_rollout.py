@@ -162,7 +162,8 @@ class TinyTestBackbone(nn.Module):
     def negative_prompt(self) -> str:
         return "generate an image."
 
-    def forward_z(self, prompts: PromptBatch, canvas: torch.Tensor, known: torch.Tensor) -> torch.Tensor:
+    def forward_z(self, prompts: PromptBatch, canvas: torch.Tensor, known: torch.Tensor,
+                  known_count: int | None = None) -> torch.Tensor:
         mask = prompts.mask[..., None].to(prompts.embeds.dtype)
         text = (prompts.embeds * mask).sum(1) / mask.sum(1).clamp(min=1)
         h = torch.where(known[..., None], self.token_in(canvas), self.mask_embed) + self.pos_embed

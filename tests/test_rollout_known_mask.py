@@ -66,9 +66,9 @@ class RecordingBackbone:
     def __getattr__(self, name):
         return getattr(self.model, name)
 
-    def forward_z(self, prompts, canvas, known):
+    def forward_z(self, prompts, canvas, known, known_count=None):
         self.calls.append((canvas.clone(), known.clone()))
-        return self.model.forward_z(prompts, canvas, known)
+        return self.model.forward_z(prompts, canvas, known, known_count)
 
 
 def _known_after(rollout, j: int) -> int:

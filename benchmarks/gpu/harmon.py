@@ -17,7 +17,8 @@ recorded transitions; they differ in how the work is organised:
 Reported: milliseconds per rollout and per GRPO step (rollout + update, rewards excluded), the speedup
 of fused over reference, peak CUDA memory, and the S backbone passes of a rollout alone: they are
 the same in both rollouts, so "head" (rollout minus backbone) isolates the work the paths organise
-differently. Timing: CUDA events, median of `repeats` runs after a warm-up run.
+differently. Timing: median of `repeats` rounds after a warm-up, the paths interleaved in each round
+(margrpo.bench.timing: CUDA events on a GPU); peak memory from the warm-up call of each path.
 
     python benchmarks/gpu/harmon.py --tiny             # CPU, tiny dims, seconds
     python benchmarks/gpu/harmon.py --out results/     # the real-size run (H200: about a minute)
@@ -34,8 +35,8 @@ from pathlib import Path
 
 import torch
 
-from margrpo.bench.denoise import time_ms
 from margrpo.bench.machine import machine_description
+from margrpo.bench.timing import median_ms
 from margrpo.grpo import GRPOConfig, update
 from margrpo.heads import MultiSeedSamples
 from margrpo.heads.reference import eager_denoise_logprob, eager_multi_seed_denoise
@@ -182,14 +183,16 @@ def backbone_only(model, prompts: list[str], config: RolloutConfig) -> None:
         start += n
 
 
-def _timed(fn, device: torch.device, repeats: int) -> tuple[float, float | None]:
-    """(median ms, peak CUDA MB over the runs or None on CPU)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-    ms = time_ms(fn, device, repeats)
-    peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
-    return ms, peak
+def _peak_mb(fn, device: torch.device) -> float | None:
+    """Peak CUDA MB of one call of fn (None on CPU, where fn still runs once)."""
+    if device.type != "cuda":
+        fn()
+        return None
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) / 2**20
 
 
 def run(out_dir: str | Path, tiny: bool = False, device: str | torch.device | None = None) -> dict:
@@ -235,11 +238,14 @@ def run(out_dir: str | Path, tiny: bool = False, device: str | torch.device | No
         reference_update(model, reference, optimizer, prompts, config, sampler, plan, kept, chains, advantages)
 
     model.eval()
-    backbone_ms, _ = _timed(lambda: backbone_only(model, prompts, config), device, setting.repeats)
-    fused_rollout_ms, fused_rollout_mb = _timed(fused_rollout, device, setting.repeats)
-    ref_rollout_ms, ref_rollout_mb = _timed(ref_rollout, device, setting.repeats)
-    fused_step_ms, fused_step_mb = _timed(fused_step, device, setting.repeats)
-    ref_step_ms, ref_step_mb = _timed(ref_step, device, setting.repeats)
+    paths = {"backbone": lambda: backbone_only(model, prompts, config), "fused_rollout": fused_rollout,
+             "ref_rollout": ref_rollout, "fused_step": fused_step, "ref_step": ref_step}
+    # the warm-up call of each path measures its peak memory; then interleaved timed rounds
+    peaks = {name: _peak_mb(fn, device) for name, fn in paths.items()}
+    ms = median_ms(paths, device, setting.repeats, warmup=0)
+    backbone_ms, fused_rollout_ms, ref_rollout_ms, fused_step_ms, ref_step_ms = ms.values()
+    fused_rollout_mb, ref_rollout_mb, fused_step_mb, ref_step_mb = (
+        peaks[name] for name in ("fused_rollout", "ref_rollout", "fused_step", "ref_step"))
     result = {
         "benchmark": "harmon", "setting": {k: str(v) if isinstance(v, torch.dtype) else v
                                            for k, v in dataclasses.asdict(setting).items()},

@@ -10,6 +10,7 @@ SUITES = {
     "rollout": "margrpo.bench.rollout",
     "rewards": "margrpo.bench.rewards",
     "step": "margrpo.bench.step",
+    "host": "margrpo.bench.host",
 }
 
 

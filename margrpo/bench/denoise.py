@@ -9,7 +9,8 @@ main trajectory and K seed trajectories for `tokens` tokens over `steps` diffusi
   compile  torch.compile of a restructured reference: every trajectory and CFG half batched into one
            official head call per step (z repeated K+1 times, modulation recomputed per copy)
 Random weights at the real sizes (speed does not depend on the values). Time: the median of
-`repeats` runs after one warm-up (perf_counter on CPU, CUDA events on CUDA). Also reports the
+`repeats` rounds after one warm-up, the methods interleaved in each round (margrpo.bench.timing;
+perf_counter on CPU, CUDA events on CUDA). Also reports the
 largest |x0 - eager x0| relative to the largest |eager x0| as a sanity check.
 
     python -m margrpo.bench.denoise --device cpu --tokens 32 --steps 4 --json out.json
@@ -18,18 +19,16 @@ largest |x0 - eager x0| relative to the largest |eager x0| as a sanity check.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
 
-from margrpo.bench.machine import machine_description, split_choices
+from margrpo.bench.machine import JsonReport, split_choices
+from margrpo.bench.timing import median_ms
 from margrpo.diffusion import DDPMSampler, mar_sampler
 from margrpo.heads import Guidance, mar_head, multi_seed_denoise, nova_head
 from margrpo.heads.reference import eager_multi_seed_denoise
@@ -125,34 +124,9 @@ def methods(head: nn.Module, case: Case, sampler, z, noise, names: tuple[str, ..
     return {name: table[name] for name in names}
 
 
-# ---------------------------------------------------------------- timing
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def time_ms(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
-    """Median wall time of `repeats` runs after one warm-up run, in ms."""
-    fn()
-    _sync(device)
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize(device)
-            times.append(start.elapsed_time(end))
-        else:
-            begin = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - begin) * 1e3)
-    return statistics.median(times)
-
-
 def run(cases: tuple[str, ...], names: tuple[str, ...], device: torch.device, tokens: int, steps: int,
-        repeats: int, dtype: torch.dtype) -> list[Row]:
+        repeats: int, dtype: torch.dtype, on_row: Callable[[Row], None] | None = None) -> list[Row]:
+    """Time the methods of every case; on_row(row) is called as each row is measured."""
     rows = []
     for case_name in cases:
         case = CASES[case_name]
@@ -161,11 +135,13 @@ def run(cases: tuple[str, ...], names: tuple[str, ...], device: torch.device, to
         z, noise = make_inputs(head, case, tokens, steps, device)
         fns = methods(head, case, sampler, z, noise, names)
         reference = fns["eager"]() if "eager" in fns else None
-        timed = {name: time_ms(fn, device, repeats) for name, fn in fns.items()}
+        timed = median_ms(fns, device, repeats)
         for name, ms in timed.items():
             diff = None if reference is None else float((fns[name]() - reference).abs().max() / reference.abs().max())
             speedup = timed["eager"] / ms if "eager" in timed else None
             rows.append(Row(case_name, name, tokens, steps, case.num_seeds, ms, speedup, diff))
+            if on_row:
+                on_row(rows[-1])
         del head
     return rows
 
@@ -199,12 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     steps = args.steps or (25 if gpu else 4)
     repeats = args.repeats or (10 if gpu else 1)
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if gpu else torch.float32)
+    report = JsonReport(args.json, device, dtype=str(dtype))
     rows = run(split_choices(args.cases, tuple(CASES), "cases"), split_choices(args.methods, METHODS, "methods"),
-               device, tokens, steps, repeats, dtype)
+               device, tokens, steps, repeats, dtype, on_row=lambda row: report.add(asdict(row)))
     print(format_table(rows))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"machine": machine_description(device), "dtype": str(dtype), "rows": [asdict(r) for r in rows]}, f, indent=1)
     return 0
 
 

@@ -1,7 +1,8 @@
-"""What every benchmark shares: a description of the machine the numbers came from, and the parsing
-of comma-list CLI options."""
+"""What every benchmark shares: a description of the machine the numbers came from, the parsing of
+comma-list CLI options, and the JSON report written as rows arrive."""
 from __future__ import annotations
 
+import json
 import os
 import platform
 
@@ -40,3 +41,21 @@ def split_choices(value: str, allowed: tuple[str, ...], name: str) -> tuple[str,
     if bad or not items:
         raise SystemExit(f"--{name}: got {value!r}, expected a comma list of {', '.join(allowed)}")
     return items
+
+
+class JsonReport:
+    """A benchmark's JSON file, rewritten after every new row: a run cut short by a time limit keeps
+    every row it finished. {"machine": ..., **meta, "rows": [...]}; no file when path is None."""
+
+    def __init__(self, path: str | None, device: torch.device, **meta: object):
+        self.path, self.rows = path, []
+        self.head = {"machine": machine_description(device), **meta}
+
+    def add(self, *rows: dict) -> None:
+        self.rows.extend(rows)
+        if self.path is None:
+            return
+        partial = f"{self.path}.partial"
+        with open(partial, "w") as f:
+            json.dump({**self.head, "rows": self.rows}, f, indent=1)
+        os.replace(partial, self.path)  # never a half-written file

@@ -1,11 +1,14 @@
-"""Benchmark of the fused ops against the unfused PyTorch a MAR codebase writes today.
+"""Benchmark of the fused ops against unfused PyTorch.
 
-For every op and shape it times: `eager` (the unfused chain), `compile` (torch.compile of that same
-chain), `margrpo[<backend>]` (the public op of margrpo.ops on each backend that runs on the device)
-and `kernel[cpp|cuda]` (the extension's kernels called directly on the kernel layouts, without the
-public op layer). Medians and minima after warmup: time.perf_counter on CPU (implementations
-interleaved), CUDA events (triton.testing.do_bench when available) on CUDA. Inputs are fresh random
-tensors, never zeros, and every implementation's output is first checked against eager's.
+For every op and shape it times: `eager` (the unfused chain as a competent user writes it: the
+log-density by its formula, the std by mean / subtract / square / mean / sqrt), `eager[MAR-style]`
+(where it differs, the chain as MAR codebases write it: torch.distributions.Normal, Tensor.std),
+`compile` (torch.compile of the eager chain), `margrpo[<backend>]` (the public op of margrpo.ops on
+each backend that runs on the device) and `kernel[cpp|cuda]` (the extension's kernels called
+directly on the kernel layouts, without the public op layer). Speedups are against `eager`.
+Medians and minima after warmup, implementations interleaved (margrpo.bench.timing): perf_counter
+on CPU, CUDA events on CUDA. Inputs are fresh random tensors, never zeros, and every
+implementation's output is first checked against eager's.
 
     python -m margrpo.bench.ops --device cpu --json results.json
     margrpo bench ops --ops gaussian_logprob --shapes steps,steps-x16
@@ -17,20 +20,16 @@ variants have 16x the images. Every op reads the shape its own way (see `make_in
 from __future__ import annotations
 
 import argparse
-import gc
-import json
 import math
-import random
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
 
-from margrpo.bench.machine import machine_description, split_choices
+from margrpo.bench.machine import JsonReport, split_choices
+from margrpo.bench.timing import interleaved_ms
 
 OPS = ("gaussian_logprob", "trajectory_std+topk_mask", "consistency_mask", "grpo_surrogate")
 SHAPES: dict[str, tuple[int, int, int, int]] = {
@@ -84,16 +83,37 @@ def make_inputs(op: str, shape: tuple[int, int, int, int], device: torch.device,
 
 
 # ---------------------------------------------------------------- the unfused chains (eager / compile)
+HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
+
+
 def _eager_gaussian_logprob(t: Inputs) -> torch.Tensor:
+    """The log-density by its formula, as a competent user writes it."""
+    z = (t["x"] - t["mean"]) / t["std"]
+    return (-0.5 * z.square() - t["std"].log() - HALF_LOG_2PI).sum(-1)
+
+
+def _mar_style_gaussian_logprob(t: Inputs) -> torch.Tensor:
+    """As MAR codebases write it: through torch.distributions.Normal (argument checks, broadcasts)."""
     return torch.distributions.Normal(t["mean"], t["std"]).log_prob(t["x"]).sum(-1)
 
 
-def _eager_std_topk(t: Inputs) -> torch.Tensor:
-    samples = t["samples"]
-    scores = samples.std(0, unbiased=False).mean(-1)  # [B, N]
+def _top_share(scores: torch.Tensor) -> torch.Tensor:
     k = math.floor(TOPK_RATIO * scores.shape[-1])
     idx = torch.topk(scores, k, dim=-1).indices
     return torch.zeros(scores.shape, dtype=torch.bool, device=scores.device).scatter_(1, idx, True)
+
+
+def _eager_std_topk(t: Inputs) -> torch.Tensor:
+    """The population std over K by mean / subtract / square / mean / sqrt (Tensor.std(0) takes a
+    CPU slow path about 65x slower), channel mean, then top-k."""
+    samples = t["samples"]
+    std = (samples - samples.mean(0)).square().mean(0).sqrt()
+    return _top_share(std.mean(-1))
+
+
+def _mar_style_std_topk(t: Inputs) -> torch.Tensor:
+    """As MAR codebases write it: Tensor.std over the seed axis."""
+    return _top_share(t["samples"].std(0, unbiased=False).mean(-1))
 
 
 def _eager_consistency(t: Inputs) -> torch.Tensor:
@@ -133,6 +153,11 @@ _EAGER: dict[str, Callable[[Inputs], object]] = {
     "trajectory_std+topk_mask": _eager_std_topk,
     "consistency_mask": _eager_consistency,
     "grpo_surrogate": _eager_grpo_forward,
+}
+# the "as MAR codebases write it" variants, timed beside the competent eager chain and labelled so
+_MAR_STYLE: dict[str, Callable[[Inputs], object]] = {
+    "gaussian_logprob": _mar_style_gaussian_logprob,
+    "trajectory_std+topk_mask": _mar_style_std_topk,
 }
 
 
@@ -205,6 +230,8 @@ def implementations(op: str, device: torch.device, compile: bool = True) -> dict
     impls: dict[str, Callable[[Inputs], object]] = {}
     needs_grad = op == "grpo_surrogate"
     impls["eager"] = _with_backward(eager) if needs_grad else eager
+    if op in _MAR_STYLE:
+        impls["eager[MAR-style]"] = _MAR_STYLE[op]
     if compile:
         compiled = torch.compile(eager, dynamic=False)
         impls["compile"] = _with_backward(compiled) if needs_grad else compiled
@@ -236,72 +263,6 @@ def assert_agrees(op: str, got: object, expected: object) -> None:
     torch.testing.assert_close(got.float(), expected.float(), rtol=1e-4, atol=atol, msg=lambda m: f"{op}: {m}")
 
 
-# ---------------------------------------------------------------- timing
-def time_ms(fns: dict[str, Callable[[], object]], device: torch.device, min_time_s: float = 0.3,
-            warmup: int = 3, min_rounds: int = 10) -> dict[str, tuple[float, float]]:
-    """(median, min) wall time in milliseconds of each fn() after `warmup` calls.
-
-    CPU: the functions run interleaved, one call of each per round, until the rounds took about
-    min_time_s per function (at least `min_rounds` rounds): on a shared machine every implementation
-    then sees the same load, so the ratios stay meaningful when the absolute times are not; the min
-    is the least disturbed call. Each round runs them in a fresh (seeded) random order: in a fixed
-    order a function always ran right after the same other one, and when that one had just read the
-    same inputs and freed a same-sized output it ran up to 1.6x faster (an order effect, not its
-    own speed). The garbage collector is off while timing (as in timeit).
-    CUDA: triton.testing.do_bench (CUDA events) per function.
-    """
-    if device.type == "cuda":
-        return {name: _time_cuda(fn, min_time_s) for name, fn in fns.items()}
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    order = list(fns.items())
-    shuffle = random.Random(0).shuffle
-    budget = min_time_s * len(fns)
-    gc_was_enabled = gc.isenabled()
-    gc.collect()
-    gc.disable()  # as timeit does: a collection of the whole torch object graph is not the op's cost
-    try:
-        start_all = time.perf_counter()
-        rounds = 0
-        while rounds < min_rounds or (time.perf_counter() - start_all < budget and rounds < 2000):
-            shuffle(order)
-            for name, fn in order:
-                start = time.perf_counter()
-                fn()
-                times[name].append(time.perf_counter() - start)
-            rounds += 1
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-    return {name: (1000.0 * statistics.median(t), 1000.0 * min(t)) for name, t in times.items()}
-
-
-def _time_cuda(fn: Callable[[], object], min_time_s: float) -> tuple[float, float]:
-    try:
-        from triton.testing import do_bench
-    except ImportError:
-        do_bench = None
-    if do_bench is not None:
-        rep = max(25, int(min_time_s * 1000))
-        return (float(do_bench(fn, warmup=25, rep=rep, return_mode="median")),
-                float(do_bench(fn, warmup=0, rep=rep, return_mode="min")))  # fmt: skip
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    times: list[float] = []
-    start_all = time.perf_counter()
-    while len(times) < 10 or (time.perf_counter() - start_all < min_time_s and len(times) < 1000):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times), min(times)
-
-
 @dataclass
 class Row:
     op: str
@@ -321,8 +282,10 @@ def run(
     compile: bool = True,
     min_time_s: float = 0.3,
     log: Callable[[str], None] | None = None,
+    on_row: Callable[[Row], None] | None = None,
 ) -> list[Row]:
-    """Time every implementation of every op on every shape; the rows carry speedups over eager."""
+    """Time every implementation of every op on every shape; the rows carry speedups over eager.
+    on_row(row) is called as each row is measured."""
     device = torch.device(device)
     for name in shapes:
         if name not in SHAPES:
@@ -336,12 +299,14 @@ def run(
             expected = impls["eager"](inputs)
             for impl, fn in impls.items():
                 assert_agrees(op, fn(inputs), expected)
-            times = time_ms({impl: (lambda fn=fn: fn(inputs)) for impl, fn in impls.items()}, device, min_time_s)
+            times = interleaved_ms({impl: (lambda fn=fn: fn(inputs)) for impl, fn in impls.items()}, device, min_time_s)
             eager_median = times["eager"][0]
             for impl, (median, fastest) in times.items():
                 if log:
                     log(f"{op:<26} {shape_name:<11} {impl:<16} {median:10.3f} ms (min {fastest:.3f})")
                 rows.append(Row(op, shape_name, list(dims), impl, device.type, median, fastest, eager_median / median))
+                if on_row:
+                    on_row(rows[-1])
     return rows
 
 
@@ -370,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
+    report = JsonReport(args.json, device)
     rows = run(
         split_choices(args.ops, OPS, "ops"),
         split_choices(args.shapes, tuple(SHAPES), "shapes"),
@@ -377,11 +343,9 @@ def main(argv: list[str] | None = None) -> int:
         compile=not args.no_compile,
         min_time_s=args.min_time,
         log=lambda line: print(line, file=sys.stderr, flush=True),
+        on_row=lambda row: report.add(asdict(row)),
     )
     print(format_table(rows))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"machine": machine_description(device), "rows": [asdict(r) for r in rows]}, f, indent=1)
     return 0
 
 

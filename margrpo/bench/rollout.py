@@ -15,7 +15,8 @@ Models:
                channels; Harmon mar_h K=5 CFG 3 on eps) behind a stand-in backbone of one linear layer:
                the transformer costs the same S forward passes in every path, so it is left out and
                the table isolates the work the paths do differently.
-Time: median of `repeats` rollouts after one warm-up (perf_counter on CPU, CUDA events on CUDA).
+Time: median of `repeats` rounds after one warm-up, the paths interleaved in each round
+(margrpo.bench.timing; perf_counter on CPU, CUDA events on CUDA).
 The reference path does about S times the head work of the others: the defaults on CUDA (B=2,
 N=1024, S=64, T=25, one timed run) take an estimated 1-2 minutes in all on an H200, mostly the
 Harmon reference; shorten with --paths or --mask-steps.
@@ -26,7 +27,6 @@ Harmon reference; shorten with --paths or --mask-steps.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import zlib
 from collections.abc import Callable
@@ -36,8 +36,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from margrpo.bench.denoise import CASES, build, make_sampler, time_ms
-from margrpo.bench.machine import machine_description, split_choices
+from margrpo.bench.denoise import CASES, build, make_sampler
+from margrpo.bench.timing import median_ms
+from margrpo.bench.machine import JsonReport, split_choices
 from margrpo.heads import reinit_zero_layers_
 from margrpo.heads.reference import eager_multi_seed_denoise
 from margrpo.models.base import PromptBatch
@@ -77,14 +78,15 @@ class StandInBackbone(nn.Module):
     def negative_prompt(self) -> str:
         return ""
 
-    def forward_z(self, prompts: PromptBatch, canvas: torch.Tensor, known: torch.Tensor) -> torch.Tensor:
+    def forward_z(self, prompts: PromptBatch, canvas: torch.Tensor, known: torch.Tensor,
+                  known_count: int | None = None) -> torch.Tensor:
         text = (prompts.embeds * prompts.mask[..., None]).sum(1) / prompts.mask.sum(1, keepdim=True).clamp(min=1)
         tokens = torch.where(known[..., None], self.token_in(canvas), self.mask_embed)
         return tokens + self.pos_embed + text[:, None]
 
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
-        side = int(self.num_tokens ** 0.5)
-        return tokens[..., :3].transpose(1, 2).reshape(tokens.shape[0], 3, side, -1).sigmoid()
+        """A [B, 3, 1, N] strip of the first 3 channels (any token count; nothing reads its pixels)."""
+        return tokens[..., :3].transpose(1, 2).unsqueeze(2).sigmoid()
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for name, p in self.named_parameters() if not name.startswith("head.")]
@@ -141,7 +143,7 @@ def per_seed_rollout(backbone, prompts: list[str], config: RolloutConfig, sample
         n = counts[step]
         revealed = order[:, start : start + n]
         positions = every if all_tokens else revealed
-        z = forward_rows(backbone, rows, canvas, known)
+        z = forward_rows(backbone, rows, canvas, known, start)
         noise = torch.randn(sampler.num_steps + 1, K + 1, positions.numel(), C, generator=generator, device=device)
         out = eager_multi_seed_denoise(
             backbone.head, head_condition(z, rows, positions), sampler, K, noise,
@@ -184,16 +186,20 @@ class Row:
 
 
 def run(models: tuple[str, ...], paths: tuple[str, ...], device: torch.device, dtype: torch.dtype, batch: int,
-        tokens: int, mask_steps: int, diffusion_steps: int, repeats: int) -> list[Row]:
+        tokens: int, mask_steps: int, diffusion_steps: int, repeats: int,
+        on_row: Callable[[Row], None] | None = None) -> list[Row]:
+    """Time the paths of every model; on_row(row) is called as each row is measured."""
     rows = []
     for model in models:
         setup = make_setup(model, device, dtype, tokens, mask_steps, diffusion_steps)
         fns = path_functions(setup, batch, device)
-        timed = {path: time_ms(fns[path], device, repeats) for path in paths}
+        timed = median_ms({path: fns[path] for path in paths}, device, repeats)
         for path, ms in timed.items():
             speedup = timed["reference"] / ms if "reference" in timed else None
             rows.append(Row(model, path, batch, setup.backbone.num_tokens, mask_steps, setup.sampler.num_steps,
                             setup.config.num_seeds, setup.config.cfg_scale, ms, batch / (ms / 1e3), speedup))
+            if on_row:
+                on_row(rows[-1])
     return rows
 
 
@@ -233,13 +239,10 @@ def main(argv: list[str] | None = None) -> int:
                         ("diffusion-steps", diffusion_steps), ("repeats", repeats)):
         if value < 1 or (name in ("mask-steps", "diffusion-steps") and value < 2):
             raise SystemExit(f"--{name}: got {value}, expected a positive integer (>= 2 for step counts)")
+    report = JsonReport(args.json, device, dtype=str(dtype))
     rows = run(split_choices(models, MODELS, "models"), split_choices(args.paths, PATHS, "paths"), device, dtype, batch,
-               tokens, mask_steps, diffusion_steps, repeats)
+               tokens, mask_steps, diffusion_steps, repeats, on_row=lambda row: report.add(asdict(row)))
     print(format_table(rows))
-    if args.json:
-        with open(args.json, "w") as f:
-            report = {"machine": machine_description(device), "dtype": str(dtype), "rows": [asdict(r) for r in rows]}
-            json.dump(report, f, indent=1)
     return 0
 
 

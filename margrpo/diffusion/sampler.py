@@ -56,6 +56,16 @@ class Sampler:
         """Head time values of all steps, float64 [T], in sampling order."""
         return torch.from_numpy(self._model_times.copy())
 
+    def model_times_on(self, device: torch.device | str) -> torch.Tensor:
+        """Head time values of all steps as float32 [T] on `device` (the dtype a Python time becomes in
+        the heads), copied there on the first call per device and cached: a loop over diffusion steps
+        then reads element i with no host-to-device copy (and no sync) per step."""
+        cache = self.__dict__.setdefault("_times_on_device", {})
+        device = torch.device(device)
+        if device not in cache:
+            cache[device] = torch.tensor(self._model_times, dtype=torch.float32, device=device)
+        return cache[device]
+
     def out_channels(self, channels: int) -> int:
         """Channels the head must output for a C-channel token."""
         return channels

@@ -27,7 +27,9 @@ def mte_token_mask(seed_final: torch.Tensor, ratio: float, pixels_per_token: int
     """bool [B, N]: the floor(ratio * positions) most uncertain positions per image; with pixel ranking
     a token is selected when any of its pixels is."""
     scores = uncertainty(seed_final, pixels_per_token)
-    selected = ops.topk_mask(scores, ratio=ratio)
+    # no NaN check (a host sync per GRPO step): NaN scores come only from NaN samples, which make the
+    # loss NaN and are caught there
+    selected = ops.topk_mask(scores, ratio=ratio, check_finite=False)
     B, N = seed_final.shape[1], seed_final.shape[2]
     return selected.view(B, N, pixels_per_token).any(-1)
 

@@ -67,10 +67,8 @@ class GraphedMultiSeed:
         eps = resolve_noise(noise, generator, shape, _acc_dtype(z), z.device)
         key = (tuple(rows.shape), rows.dtype, rows.device)
         if key not in self._graphs:
-            times = [torch.as_tensor(self.sampler.model_time(i), device=z.device) for i in range(shape[0] - 1)]
-
             def run(static_rows, static_eps):
-                return run_chains(self.head, static_rows, self.sampler, static_eps, times, self.steps,
+                return run_chains(self.head, static_rows, self.sampler, static_eps, self.steps,
                                   self.cfg, self.temperature, self.backend)
 
             with torch.no_grad():

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from margrpo.ops import _backend
+from margrpo.ops._validate import broadcast_shape
 
 FREQUENCY_EMBEDDING_SIZE = 256  # both MAR and NOVA embed t with 128 cos + 128 sin frequencies
 MAX_PERIOD = 10000.0
@@ -88,18 +89,26 @@ def resolve_backend(device: torch.device, backend: str | None = None) -> str:
     return "triton" if device.type == "cuda" and _triton_runs_on(device) else "torch"
 
 
-def _adaln_kernels():
-    from margrpo.kernels import adaln
+_ADALN = None
 
-    return adaln
+
+def _adaln_kernels():
+    """margrpo.kernels.adaln, imported on first use (it imports triton) and then kept: an import
+    statement per call costs more host time than the launch."""
+    global _ADALN
+    if _ADALN is None:
+        from margrpo.kernels import adaln
+
+        _ADALN = adaln
+    return _ADALN
 
 
 def _use_kernels(backend: str, *tensors: torch.Tensor) -> bool:
     """Triton path: forward only, and at most 2 broadcast leading dims (deeper ones would make the
-    kernels' row view copy a broadcast operand)."""
+    kernels' row view copy a broadcast operand); the broadcast rank is the largest operand rank."""
     if backend != "triton" or torch.is_grad_enabled():
         return False
-    return len(torch.broadcast_shapes(*(t.shape for t in tensors))) <= 4
+    return all(t.dim() <= 4 for t in tensors)
 
 
 def ln_modulate(x, shift, scale, weight, bias, eps: float, backend: str) -> torch.Tensor:
@@ -116,10 +125,10 @@ def gate_residual(residual, h, gate, weight, bias, eps: float, backend: str) -> 
     With grad mode off, `residual` (the head's running hidden state) is overwritten when it already
     has the broadcast shape: the hidden state is dead after this update, so no new buffer is needed.
     """
+    if _use_kernels(backend, residual, h, gate):  # forward only: in place whenever the shapes allow
+        return _adaln_kernels().gate_residual(residual, h, gate, weight, bias, eps, in_place=True)
     in_place = (not torch.is_grad_enabled() and residual.is_contiguous()
-                and residual.shape == torch.broadcast_shapes(residual.shape, h.shape, gate.shape))
-    if _use_kernels(backend, residual, h, gate):
-        return _adaln_kernels().gate_residual(residual, h, gate, weight, bias, eps, out=residual if in_place else None)
+                and residual.shape == broadcast_shape(residual=residual.shape, h=h.shape, gate=gate.shape))
     if weight is not None:
         h = F.layer_norm(h, h.shape[-1:], weight, bias, eps)
     return residual.addcmul_(gate, h) if in_place else torch.addcmul(residual, gate, h)

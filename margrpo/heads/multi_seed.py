@@ -124,21 +124,29 @@ def multi_seed_denoise(
     tokens, channels = rows.shape[-2], head.in_channels
     eps = resolve_noise(noise, generator, (num_steps + 1, num_seeds + 1, tokens, channels), _acc_dtype(z), z.device)
 
-    times = [sampler.model_time(i) for i in range(num_steps)]
     with torch.no_grad():
-        return run_chains(head, rows, sampler, eps, times, steps, cfg, temperature, backend)
+        return run_chains(head, rows, sampler, eps, steps, cfg, temperature, backend)
 
 
-def run_chains(head, rows: torch.Tensor, sampler, eps: torch.Tensor, times: list, steps: tuple[int, ...],
+def step_times(sampler, steps, device: torch.device) -> torch.Tensor:
+    """The head times of diffusion `steps` as a [len(steps)] tensor on `device`, gathered from the
+    sampler's cached device table (no host-to-device copy)."""
+    table = sampler.model_times_on(device)
+    return torch.stack([table[i] for i in steps])
+
+
+def run_chains(head, rows: torch.Tensor, sampler, eps: torch.Tensor, steps: tuple[int, ...],
                cfg: Guidance | None, temperature: float, backend: str | None) -> MultiSeedSamples:
     """The batched T-step loop of multi_seed_denoise on validated inputs: rows = z as [N, Dz] or
-    [2, N, Dz], eps [T+1, K+1, N, C] in the trajectory dtype, times[i] = the head time of step i."""
+    [2, N, Dz], eps [T+1, K+1, N, C] in the trajectory dtype. Nothing in the loop waits for the
+    device: the head times are views of the sampler's device table."""
     acc = eps.dtype
     recorded: dict[str, list[torch.Tensor]] = {name: [] for name in _RECORDED}
     cond = head.embed_condition(rows)  # independent of the step: once for all T steps
+    times = sampler.model_times_on(rows.device)
     x = eps[0]
-    for i, t in enumerate(times):
-        modulation = head.modulation(cond, t)
+    for i in range(sampler.num_steps):
+        modulation = head.modulation(cond, times[i])
         out = guided_output(head, modulation, x, cfg, backend).to(acc)
         step = sampler.step(out, x, i, eps[i + 1], temperature)
         if i in steps:
@@ -187,9 +195,8 @@ def denoise_logprob(
         return (empty, x_t.clone()) if return_mean else empty
 
     cond = head.embed_condition(rows)
-    times = torch.stack([layers.as_time_tensor(sampler.model_time(i), z.device) for i in steps])
     # [R] -> [R, 1, (1,) 1]: the step axis leads, then a singleton that broadcasts over trajectories
-    times = times.reshape(len(steps), *([1] * cond.dim()))
+    times = step_times(sampler, steps, z.device).reshape(len(steps), *([1] * cond.dim()))
     out = guided_output(head, head.modulation(cond, times), x_t, cfg, backend).to(acc)  # [R, K+1, N, out]
     logps = [sampler.logprob(x_prev[r], out[r], x_t[r], i, temperature) for r, i in enumerate(steps)]
     logp = torch.stack(logps)

@@ -56,9 +56,14 @@ class MARBackbone(Protocol):
     def negative_prompt(self) -> str:
         """The unconditional prompt used for CFG ("" for NOVA, "Generate an image." for Harmon)."""
 
-    def forward_z(self, prompts: PromptBatch, canvas: torch.Tensor, known: torch.Tensor) -> torch.Tensor:
+    def forward_z(self, prompts: PromptBatch, canvas: torch.Tensor, known: torch.Tensor,
+                  known_count: int | None = None) -> torch.Tensor:
         """canvas [B, N, C] (values at known positions; anything elsewhere), known bool [B, N]
-        -> z [B, N, Dz], the head's condition for every position."""
+        -> z [B, N, Dz], the head's condition for every position.
+
+        known_count: the number of known positions, the same in every row, when the caller knows it
+        on the host (the rollout and the likelihood do): a backbone whose shapes depend on it then
+        needs no device-to-host read of `known` (a sync per mask step on a GPU). Trusted, not checked."""
 
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [B, N, C] -> images float [B, 3, H, W] in [0, 1]."""

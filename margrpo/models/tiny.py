@@ -232,8 +232,10 @@ class TinyMAR(nn.Module):
         """The unconditional prompt of CFG (also the dropped-prompt text in pretraining)."""
         return NEGATIVE_PROMPT
 
-    def forward_z(self, prompts: PromptBatch, canvas: torch.Tensor, known: torch.Tensor) -> torch.Tensor:
-        """canvas [B, N, C] (read where known), known bool [B, N] -> z [B, N, width]."""
+    def forward_z(self, prompts: PromptBatch, canvas: torch.Tensor, known: torch.Tensor,
+                  known_count: int | None = None) -> torch.Tensor:
+        """canvas [B, N, C] (read where known), known bool [B, N] -> z [B, N, width]. Every position
+        is attended (unknown ones as the mask token), so known_count is not needed."""
         batch = len(prompts)
         if canvas.shape != (batch, self.num_tokens, self.token_channels):
             raise ValueError(f"canvas: got shape {tuple(canvas.shape)}, expected "

@@ -59,3 +59,19 @@ def integer(name: str, value: object, low: int, high: int) -> int:
     if not low <= value <= high:
         raise ValueError(f"{name}: got {value}, expected an integer in [{low}, {high}]")
     return value
+
+
+def broadcast_shape(**shapes: tuple[int, ...]) -> tuple[int, ...]:
+    """The broadcast of the named shapes under torch's rules, on the tuples (torch.broadcast_shapes
+    costs tens of microseconds a call, too much for a per-layer hot path); an error names them."""
+    values = list(shapes.values())
+    rank = max(len(shape) for shape in values)
+    out = [1] * rank
+    for shape in values:
+        for axis, size in enumerate(shape, rank - len(shape)):
+            if size != 1:
+                if out[axis] not in (1, size):
+                    found = ", ".join(f"{name} {tuple(s)}" for name, s in shapes.items())
+                    raise ValueError(f"{', '.join(shapes)}: got shapes {found}, expected shapes that broadcast")
+                out[axis] = size
+    return tuple(out)

@@ -154,7 +154,7 @@ def generate(
         all_unknown = unknown_mode and (j is not None or step in needs_prev)
         positions = order[:, start:] if all_unknown else order[:, start : start + n]  # committed ones first
         P = positions.shape[1]
-        z = forward_rows(backbone, cond, canvas, known)
+        z = forward_rows(backbone, cond, canvas, known, start)
         if pending is not None:  # this forward saw the previous recorded step's post-step canvas
             j_prev, later, drawn = pending
             scored = score_transitions(

@@ -37,11 +37,11 @@ def prompt_rows(backbone, prompts: list[str], config: RolloutConfig, guided: boo
     return PromptRows(cond.cat(uncond), 2)
 
 
-def forward_rows(backbone, rows: PromptRows, canvas: torch.Tensor, known: torch.Tensor) -> torch.Tensor:
-    """backbone.forward_z for every prompt row, each image's canvas [B, N, C] / known [B, N] repeated
-    for its cond and uncond rows -> z [rows_per_image * B, N, Dz]."""
+def forward_rows(backbone, rows: PromptRows, canvas: torch.Tensor, known: torch.Tensor, known_count: int) -> torch.Tensor:
+    """backbone.forward_z for every prompt row, each image's canvas [B, N, C] / known [B, N] (known_count
+    positions known in every row) repeated for its cond and uncond rows -> z [rows_per_image * B, N, Dz]."""
     repeat = rows.rows_per_image
-    return backbone.forward_z(rows.batch, canvas.repeat(repeat, 1, 1), known.repeat(repeat, 1))
+    return backbone.forward_z(rows.batch, canvas.repeat(repeat, 1, 1), known.repeat(repeat, 1), known_count)
 
 
 def head_condition(z: torch.Tensor, rows: PromptRows, positions: torch.Tensor) -> torch.Tensor:

@@ -70,7 +70,7 @@ def rollout_logprob(
         canvas, known = rollout.canvas_known(j)
         positions = rollout.positions(j)
         P = positions.shape[1]
-        z = forward_rows(backbone, rows, canvas, known)
+        z = forward_rows(backbone, rows, canvas, known, rollout.known_count(j))
         z_rows = head_condition(z, rows, positions)
         part = rollout.l_slice(j)
         # denoise_logprob reads the recorded steps, x_t and x_prev; the rest rides along as recorded

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from margrpo.heads import Guidance, guided_output
-from margrpo.heads.layers import as_time_tensor
+from margrpo.heads.multi_seed import step_times
 
 
 def drop_committed(values: torch.Tensor, B: int, committed: int) -> torch.Tensor:
@@ -45,8 +45,8 @@ def score_transitions(
     acc = x_t.dtype
     rows = z if cfg is None else z.reshape(2, z.shape[0] // 2, z.shape[1])
     cond = head.embed_condition(rows)
-    times = torch.stack([as_time_tensor(sampler.model_time(i), z.device) for i in steps])
-    out = guided_output(head, head.modulation(cond, times.reshape(len(steps), *([1] * cond.dim()))), x_t, cfg)
+    times = step_times(sampler, steps, z.device).reshape(len(steps), *([1] * cond.dim()))
+    out = guided_output(head, head.modulation(cond, times), x_t, cfg)
     out = out.to(acc)
     logps, means, stds = [], [], []
     for r, i in enumerate(steps):

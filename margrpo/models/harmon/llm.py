@@ -77,8 +77,19 @@ class PromptKV:
 def prompt_kv(llm: nn.Module, embeds: torch.Tensor, mask: torch.Tensor) -> PromptKV:
     """Run the prompt embeddings [B, L, H] (right-padded, mask [B, L]) and keep every layer's KV."""
     model = llm.model
-    output = model(inputs_embeds=embeds, attention_mask=mask, use_cache=True)
+    bias = causal_bias(mask, mask.shape[1], embeds.dtype)
+    output = model(inputs_embeds=embeds, attention_mask=bias, use_cache=True)
     return PromptKV(_cache_tensors(_output_cache(output)), mask)
+
+
+def causal_bias(key_mask: torch.Tensor, length: int, dtype: torch.dtype) -> torch.Tensor:
+    """The additive attention mask [B, 1, l, K] of the last l of K positions attending causally to
+    keys whose key_mask [B, K] is True. Given ready-made, transformers uses it as is instead of
+    reading the padding mask back to decide whether it may skip the mask (a host sync per LLM call)."""
+    keys, device = key_mask.shape[1], key_mask.device
+    query_at = torch.arange(keys - length, keys, device=device)
+    sees = (torch.arange(keys, device=device) <= query_at[:, None]) & key_mask[:, None, :]
+    return torch.zeros(sees.shape, dtype=dtype, device=device).masked_fill_(~sees, torch.finfo(dtype).min)[:, None]
 
 
 def image_states(llm: nn.Module, prompt: PromptKV, image: torch.Tensor) -> torch.Tensor:
@@ -88,5 +99,5 @@ def image_states(llm: nn.Module, prompt: PromptKV, image: torch.Tensor) -> torch
     mask = torch.cat([prompt.mask, prompt.mask.new_ones(batch, length)], 1)
     positions = (mask.long().cumsum(1) - 1)[:, -length:]
     cache = {_cache_keyword(type(model).forward): _new_cache(prompt.tensors)}
-    output = model(inputs_embeds=image, attention_mask=mask, position_ids=positions, use_cache=True, **cache)
+    output = model(inputs_embeds=image, attention_mask=causal_bias(mask, length, image.dtype), position_ids=positions, use_cache=True, **cache)
     return output.last_hidden_state

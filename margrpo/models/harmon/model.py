@@ -137,24 +137,30 @@ class Harmon(nn.Module):
         ids = encoded["input_ids"].to(embedding.weight.device)
         return PromptBatch(embedding(ids), encoded["attention_mask"].to(ids.device).bool())
 
-    def forward_z(self, prompts: PromptBatch, canvas: torch.Tensor, known: torch.Tensor) -> torch.Tensor:
-        """canvas [B, N, C] (read where known), known bool [B, N] (the same count in every row) -> z [B, N, D]."""
+    def forward_z(self, prompts: PromptBatch, canvas: torch.Tensor, known: torch.Tensor,
+                  known_count: int | None = None) -> torch.Tensor:
+        """canvas [B, N, C] (read where known), known bool [B, N] (the same count in every row) -> z [B, N, D].
+
+        known_count: that count when the caller knows it (see MARBackbone.forward_z); without it the
+        counts are read back and checked (two syncs on a GPU)."""
         batch = len(prompts)
         if canvas.shape != (batch, self.num_tokens, self.token_channels):
             raise ValueError(f"canvas: got shape {tuple(canvas.shape)}, expected "
                              f"[{batch}, {self.num_tokens}, {self.token_channels}]")
         if known.shape != (batch, self.num_tokens) or known.dtype != torch.bool:
             raise ValueError(f"known: got {known.dtype} {tuple(known.shape)}, expected bool [{batch}, {self.num_tokens}]")
-        counts = known.sum(1)
-        if bool((counts != counts[0]).any()):
-            raise ValueError(f"known: got {sorted(set(counts.tolist()))} known tokens across rows, expected the same "
-                             "count in every row (Harmon's encoder keeps a [B, n] block of known tokens)")
+        if known_count is None:
+            counts = known.sum(1)
+            if bool((counts != counts[0]).any()):
+                raise ValueError(f"known: got {sorted(set(counts.tolist()))} known tokens across rows, expected the "
+                                 "same count in every row (Harmon's encoder keeps a [B, n] block of known tokens)")
+            known_count = int(counts[0])
         state, kv = self._prompt_kv(prompts)
         if self.reference_behaviour and state is not None:
             canvas = self._lagging_canvas(state, prompts, canvas)
         dtype = self.mar.z_proj.weight.dtype
         # positions of the known tokens, ascending in every row (a stable sort puts known first)
-        visible = torch.argsort((~known).to(torch.uint8), dim=1, stable=True)[:, : int(counts[0])]
+        visible = torch.argsort((~known).to(torch.uint8), dim=1, stable=True)[:, :known_count]
         side, buffer = self.config.grid, self.config.mar.buffer_size
         x_enc = self.mar.encode(canvas.to(dtype), visible, side)
         z_enc = self.proj_in(x_enc)

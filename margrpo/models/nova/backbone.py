@@ -98,8 +98,10 @@ class NovaBackbone(nn.Module):
     def negative_prompt(self) -> str:
         return NEGATIVE_PROMPT
 
-    def forward_z(self, prompts: PromptBatch, canvas: torch.Tensor, known: torch.Tensor) -> torch.Tensor:
-        """canvas [B, N, C] (read where known), known bool [B, N] -> z [B, N, W]."""
+    def forward_z(self, prompts: PromptBatch, canvas: torch.Tensor, known: torch.Tensor,
+                  known_count: int | None = None) -> torch.Tensor:
+        """canvas [B, N, C] (read where known), known bool [B, N] -> z [B, N, W]. known_count: see
+        MARBackbone.forward_z (given, the spatial encoder runs without a host read of `known`)."""
         batch, config = len(prompts), self.config
         if canvas.shape != (batch, self.num_tokens, self.token_channels):
             raise ValueError(f"canvas: got shape {tuple(canvas.shape)}, expected [{batch}, {self.num_tokens}, {self.token_channels}]")
@@ -115,7 +117,7 @@ class NovaBackbone(nn.Module):
         if self.training and self.training_extra_frame:
             shown = torch.where(known[..., None], canvas, torch.zeros((), dtype=canvas.dtype, device=canvas.device))
             cond = self.transformer.temporal(text, self.latent_images(shown))
-        return self.transformer.spatial(cond, canvas.to(dtype), known)
+        return self.transformer.spatial(cond, canvas.to(dtype), known, known_count)
 
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [B, N, C] (scaled latent patches) -> images float [B, 3, H, W] in [0, 1]."""

@@ -207,24 +207,29 @@ class NovaTransformer(nn.Module):
             h = block(h)
         return self.video_encoder.norm(h[:, text.shape[1]:])
 
-    def spatial(self, cond: torch.Tensor, tokens: torch.Tensor, known: torch.Tensor) -> torch.Tensor:
+    def spatial(self, cond: torch.Tensor, tokens: torch.Tensor, known: torch.Tensor,
+                known_count: int | None = None) -> torch.Tensor:
         """Condition tokens [B, F, W], canvas tokens [B, N, C] (read where known), known bool [B, N]
         -> z [B, N, W].
 
         The first half of the blocks sees only the known tokens (gathered in position order; rows
         with fewer known tokens than the batch's most are padded and the padding masked out of
-        attention), the second half every token."""
+        attention), the second half every token. known_count (the count of every row, when the
+        caller knows it) avoids reading the counts back to the host (two syncs on a GPU)."""
         encoder = self.image_encoder
         x = encoder.patch_embed.tokens(tokens.to(cond.dtype))
         x = torch.where(known[..., None], x, self.mask_embed.mask_token) + self.image_pos
-        counts = known.sum(1)
-        most = int(counts.max())
+        if known_count is None:
+            counts = known.sum(1)
+            most = int(counts.max())
+            valid = torch.arange(most, device=known.device) < counts[:, None]
+            ragged = not bool(valid.all())
+        else:
+            most, ragged = known_count, False
         # known positions first, each group in position order
         visible_at = torch.argsort((~known).to(torch.int32), dim=1, stable=True)[:, :most]
         index = visible_at[..., None].expand(-1, -1, x.shape[-1])
         visible = x.gather(1, index)
-        valid = torch.arange(most, device=known.device) < counts[:, None]
-        ragged = not bool(valid.all())
         key_mask = None
         if ragged:
             key_mask = torch.cat([valid.new_ones(valid.shape[0], cond.shape[1]), valid], 1)[:, None, None, :]

@@ -1,0 +1,166 @@
+"""Host-side cost of the diffusion heads, measurable without a GPU.
+
+  adaln    CPU microseconds per fused adaLN call (heads.layers.ln_modulate / gate_residual on the
+           Triton path) with the Triton kernel replaced by a stub: what margrpo adds on top of
+           Triton's own launch, per call (a NOVA d6w1024 diffusion step makes 13 such calls), and
+           one torch.empty of the output's size for scale.
+  launches kernel launches per diffusion step of a head (modulation + guided denoise), counted
+           under a dispatch mode (margrpo.bench.op_counts) plus one per Triton kernel call, on the
+           torch and the triton path.
+
+Tensors live on the meta device (shapes only), so the figures are the host's alone.
+
+    margrpo bench host --json host.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+
+import torch
+
+from margrpo.bench.machine import machine_description
+from margrpo.bench.op_counts import count_ops
+from margrpo.heads import Guidance, layers, mar_head, nova_head
+from margrpo.heads.multi_seed import guided_output
+
+# (name, head builder, K seed trajectories, guidance) at the real sizes of margrpo.bench.denoise
+HEADS = {
+    "nova-d6w1024": (lambda: nova_head("d6w1024", 1024), 3, Guidance(5.0)),
+    "harmon-mar_h": (lambda: mar_head("mar_h", 16, 1280), 5, Guidance(3.0, channels="eps")),
+}
+
+
+class _StubKernel:
+    """Stands in for a @triton.jit kernel: `kernel[grid](*args, **meta)` only counts the call."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __getitem__(self, grid):
+        return self._launch
+
+    def _launch(self, *args, **kwargs):
+        self.calls += 1
+
+
+@contextmanager
+def stubbed_adaln_kernels():
+    """margrpo.kernels.adaln with both Triton kernels replaced by stubs, and the heads' Triton path
+    allowed on any device (meta included); yields the stubs."""
+    from margrpo.kernels import adaln
+
+    names = ("_ln_modulate_kernel", "_gate_residual_kernel")
+    saved = {name: getattr(adaln, name) for name in names}
+    stubs = {name: _StubKernel() for name in names}
+    for name, stub in stubs.items():
+        setattr(adaln, name, stub)
+    runs_on, layers._triton_runs_on = layers._triton_runs_on, lambda device: True
+    try:
+        yield stubs
+    finally:
+        layers._triton_runs_on = runs_on
+        for name, kernel in saved.items():
+            setattr(adaln, name, kernel)
+
+
+def _per_call_us(fn, calls: int, rounds: int = 7) -> float:
+    """Median over `rounds` of the mean CPU time of `calls` calls of fn, in microseconds. CPU time of
+    this thread (not wall time): on a shared machine the wait for a core is not the wrapper's cost."""
+    per_round = []
+    for _ in range(rounds):
+        start = time.thread_time()
+        for _ in range(calls):
+            fn()
+        per_round.append((time.thread_time() - start) / calls * 1e6)
+    return statistics.median(per_round)
+
+
+@dataclass
+class AdalnRow:
+    primitive: str
+    x_shape: tuple[int, ...]
+    modulation_shape: tuple[int, ...]
+    us_per_call: float
+
+
+def adaln_overhead(tokens: int = 1024, width: int = 1024, trajectories: int = 4, calls: int = 2000) -> list[AdalnRow]:
+    """Host microseconds per heads.layers adaLN call on the Triton path, kernels stubbed: x
+    [K+1, 1, N, W] against a CFG modulation [2, N, W], as in a guided multi-seed step."""
+    meta = torch.device("meta")
+    x = torch.empty(trajectories, 1, tokens, width, device=meta)
+    h = torch.empty(trajectories, 2, tokens, width, device=meta)
+    mod = torch.empty(2, tokens, width, device=meta)
+    weight, bias = torch.empty(width, device=meta), torch.empty(width, device=meta)
+    cases = {
+        "ln_modulate": (lambda: layers.ln_modulate(x, mod, mod, None, None, 1e-6, "triton"), x),
+        "gate_residual": (lambda: layers.gate_residual(h, h, mod, weight, bias, 1e-5, "triton"), h),
+        # for scale: the output allocation alone (ln_modulate makes one; gate_residual writes in place)
+        "torch.empty": (lambda: torch.empty(h.shape, device=meta), h),
+    }
+    rows = []
+    with torch.no_grad(), stubbed_adaln_kernels():
+        for name, (fn, first) in cases.items():
+            fn()
+            rows.append(AdalnRow(name, tuple(first.shape), tuple(mod.shape), _per_call_us(fn, calls)))
+    return rows
+
+
+@dataclass
+class LaunchRow:
+    head: str
+    path: str
+    tokens: int
+    trajectories: int
+    aten_launches: int
+    triton_launches: int
+    launches_per_step: int
+
+
+def head_step_launches(tokens: int = 1024) -> list[LaunchRow]:
+    """Kernel launches of one guided multi-seed diffusion step of each head: the modulation of the
+    step (condition embedding excluded: it is computed once per chain) and the guided denoise."""
+    meta = torch.device("meta")
+    rows = []
+    for name, (build, num_seeds, guidance) in HEADS.items():
+        with torch.device(meta):
+            head = build()
+            z = torch.empty(2, tokens, head.z_channels)
+            x = torch.empty(num_seeds + 1, tokens, head.in_channels)
+            t = torch.empty(())
+        with torch.no_grad():
+            cond = head.embed_condition(z)
+            for path in ("torch", "triton"):
+                with stubbed_adaln_kernels() as stubs, count_ops() as counts:
+                    guided_output(head, head.modulation(cond, t), x, guidance, backend=path)
+                triton = sum(stub.calls for stub in stubs.values())
+                rows.append(LaunchRow(name, path, tokens, num_seeds + 1, counts.launches, triton,
+                                      counts.launches + triton))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="margrpo bench host", description=__doc__.split("\n")[0])
+    parser.add_argument("--json", help="write the rows and the machine description to this file")
+    args = parser.parse_args(argv)
+    adaln, launches = adaln_overhead(), head_step_launches()
+    print(f"{'adaLN primitive':<15} {'x':<20} {'modulation':<16} {'us/call':>8}")
+    for r in adaln:
+        print(f"{r.primitive:<15} {str(r.x_shape):<20} {str(r.modulation_shape):<16} {r.us_per_call:>8.2f}")
+    print(f"\n{'head':<14} {'path':<7} {'N':>5} {'K+1':>4} {'aten':>5} {'triton':>7} {'launches/step':>14}")
+    for r in launches:
+        print(f"{r.head:<14} {r.path:<7} {r.tokens:>5} {r.trajectories:>4} {r.aten_launches:>5} {r.triton_launches:>7} "
+              f"{r.launches_per_step:>14}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": machine_description(torch.device("cpu")),
+                       "adaln": [asdict(r) for r in adaln], "launches": [asdict(r) for r in launches]}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,94 @@
+"""No host synchronisation per mask step or per diffusion step, in the rollout and in the training
+likelihood (margrpo.bench.op_counts counts them on CPU: a read of a tensor into Python, a value-sized
+output, a tensor filled from host data).
+
+The only syncs left in a rollout are in the recording plan (rollout/plan.py), which draws from a CPU
+generator and reads CPU tensors: host work on a GPU machine too. Everything else must not change
+with the number of steps, so a step added to the loop cannot add a stall.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from margrpo.bench.op_counts import count_ops
+from margrpo.heads import reinit_zero_layers_
+from margrpo.rollout import RolloutConfig, generate, rollout_logprob
+
+HOST_ONLY = ("rollout/plan.py",)  # works on CPU tensors by construction (a CPU torch.Generator)
+PROMPTS = ["a red circle", "two blue squares"]
+
+
+def test_counter_sees_every_kind_of_sync():
+    x = torch.randn(5)
+    with count_ops() as counts:
+        x.sum().item()
+        int(x.argmax())
+        bool(x[0] > 0)
+        x.tolist()
+        x.nonzero()
+        x[x > 0]
+        torch.tensor([1.0, 2.0])
+        x.mul(2).add_(1)
+    assert counts.syncs == 6, counts.sites
+    assert counts.host_to_device == 1
+    assert counts.launches >= 2 and counts.ops["aten.mul.Tensor"] == 1
+    assert any("tests/" not in site and site.endswith("?") for site in counts.sites)  # outside margrpo
+
+
+def _tiny():
+    from margrpo.models.tiny import TinyMAR, TinyMARConfig
+
+    torch.manual_seed(0)
+    model = TinyMAR(TinyMARConfig(patch_size=8, width=32, depth=1, num_heads=2, head_width=32, head_depth=1))
+    reinit_zero_layers_(model.head, std=0.02)
+    return model.eval(), "harmon"
+
+
+def _nova(tmp_path):
+    from margrpo.models import nova
+
+    return nova.load(nova.save_preset("nova-tiny", tmp_path / "nova", seed=3)).eval(), "nova"
+
+
+def _harmon():
+    pytest.importorskip("transformers")
+    from margrpo.models import harmon
+
+    return harmon.build("harmon-tiny", seed=1).eval(), "harmon"
+
+
+@pytest.fixture(params=["tiny", "nova", "harmon"])
+def backbone(request, tmp_path):
+    if request.param == "tiny":
+        return _tiny()
+    return _nova(tmp_path) if request.param == "nova" else _harmon()
+
+
+def _counted_rollout(model, schedule: str, mask_steps: int, diffusion_steps: int, **modes):
+    config = RolloutConfig(num_mask_steps=mask_steps, num_diffusion_steps=diffusion_steps, schedule=schedule,
+                           cfg_scale=2.0, num_seeds=2, record_mask_steps=2, record_diffusion_steps=2, **modes)
+    with count_ops() as rollout_counts:
+        rollout = generate(model, PROMPTS, config, [3, 4])
+    with count_ops() as likelihood_counts:
+        rollout_logprob(model, rollout)
+    return rollout_counts, likelihood_counts
+
+
+def _device_syncs(counts) -> list[str]:
+    return [site for site in counts.sites if site.startswith("sync") and not site.split(" @ ")[1].startswith(HOST_ONLY)]
+
+
+@pytest.mark.parametrize("modes", [{}, {"likelihood_positions": "unknown", "known_mask": "post_step"}],
+                         ids=["revealed", "unknown-post-step"])
+def test_rollout_and_likelihood_do_not_sync_per_step(backbone, modes):
+    model, schedule = backbone
+    short = _counted_rollout(model, schedule, 4, 4, **modes)
+    long = _counted_rollout(model, schedule, 6, 8, **modes)  # 2 more mask steps, 4 more diffusion steps
+    for (rollout, likelihood), steps in ((short, "4x4"), (long, "6x8")):
+        assert _device_syncs(rollout) == [], f"{steps}: {dict(rollout.sites)}"
+        assert likelihood.syncs == 0, f"{steps}: {dict(likelihood.sites)}"
+    for name, a, b in (("rollout", *[s[0] for s in (short, long)]), ("likelihood", *[s[1] for s in (short, long)])):
+        assert (a.syncs, a.host_to_device) == (b.syncs, b.host_to_device), (
+            f"{name}: per-step syncs or host copies: {dict(a.sites)} vs {dict(b.sites)}")
+        assert b.launches > a.launches or name == "likelihood"  # the counter did see the longer loop
