@@ -99,8 +99,8 @@ def test_bfloat16_reward_returns_float32_close_to_float32(built, name):
 def test_scores_depend_on_the_prompt(built, name):
     reward = built(name)
     images = images_u8(batch=2)
-    a = reward(images, ["a red cat", "a red cat"], [{}, {}])
-    b = reward(images, ["two dogs", "two dogs"], [{}, {}])
+    a = reward(images, ["a red cat", "a red cat"], [{"nouns": ["red cat"]}] * 2)  # git_vqa asks about the nouns
+    b = reward(images, ["two dogs", "two dogs"], [{"nouns": ["two dogs"]}] * 2)
     assert (a - b).abs().max() > 1e-4
 
 
@@ -117,22 +117,49 @@ def test_missing_weights_raise_the_named_error(tmp_path, monkeypatch, name, spec
 
 
 # ---------------------------------------------------------------- per-reward checks against the documented pipeline
-def test_hps_matches_open_clip_pipeline(built, weights):
+def _open_clip_hps(weights, pixels: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+    """HPS as open_clip computes it on already preprocessed pixels: cos(image, text) of the checkpoint."""
     import open_clip
 
-    reward = built("hps")
-    images = images_u8()
-    preprocess = open_clip.image_transform(32, is_train=False)  # HPS's validation transform
-    pixels = torch.stack([preprocess(p) for p in to_pil(images)])
-    ours = reward.transform(images.float() / 255)
-    assert (ours - pixels).abs().max() < 0.03
     model = open_clip.create_model("ViT-H-14", pretrained=None, output_dict=True, **OPEN_CLIP_TINY)
     model.load_state_dict(torch.load(weights("hps")["path"], weights_only=True)["state_dict"])
     model.eval()
     with torch.no_grad():
-        out = model(pixels, open_clip.get_tokenizer("ViT-H-14")(PROMPTS))
-    expected = (out["image_features"] * out["text_features"]).sum(-1)
-    torch.testing.assert_close(reward(images, PROMPTS), expected, atol=2e-3, rtol=0)
+        out = model(pixels, open_clip.get_tokenizer("ViT-H-14")(prompts))
+    return (out["image_features"] * out["text_features"]).sum(-1)
+
+
+def test_hps_letterboxes_like_hpsv2_by_default(built, weights):
+    import torchvision.transforms.functional as TF
+
+    reward = built("hps")
+    images = images_u8(height=40, width=24)  # portrait: the letterbox pads left and right
+    # hpsv2's light-augmentation transform on each PIL image: ToTensor, long edge to 32 bicubic, pad, normalise
+    pixels = []
+    for pil in to_pil(images):
+        x = TF.to_tensor(pil)
+        x = TF.resize(x, [32, round(24 * 32 / 40)], TF.InterpolationMode.BICUBIC)
+        pixels.append(TF.normalize(TF.pad(x, [6, 0, 7, 0], fill=0), CLIP_MEAN, CLIP_STD))
+    pixels = torch.stack(pixels)
+    assert (reward.transform(images.float() / 255) - pixels).abs().max() < 1e-5
+    torch.testing.assert_close(reward(images, PROMPTS), _open_clip_hps(weights, pixels, PROMPTS), atol=1e-5, rtol=0)
+
+
+def test_hps_center_crop_option_is_open_clips_validation_transform(weights):
+    import open_clip
+
+    reward = build_reward("hps", device="cpu", preprocess="center_crop", **weights("hps"))
+    images = images_u8()
+    preprocess = open_clip.image_transform(32, is_train=False)
+    pixels = torch.stack([preprocess(p) for p in to_pil(images)])
+    assert (reward.transform(images.float() / 255) - pixels).abs().max() < 0.03
+    torch.testing.assert_close(reward(images, PROMPTS), _open_clip_hps(weights, pixels, PROMPTS), atol=2e-3, rtol=0)
+    letterboxed = build_reward("hps", device="cpu", **weights("hps"))
+    assert (letterboxed(images, PROMPTS) - reward(images, PROMPTS)).abs().max() > 1e-4  # non-square: they differ
+    square = images_u8(height=32, width=32)
+    torch.testing.assert_close(letterboxed(square, PROMPTS), reward(square, PROMPTS), atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="preprocess: got 'crop', expected one of letterbox, center_crop"):
+        build_reward("hps", device="cpu", preprocess="crop", **weights("hps"))
 
 
 def test_hps_corrupt_and_mismatched_checkpoints(tmp_path, weights):
