@@ -118,7 +118,11 @@ def worker_hps(job: dict) -> list[float]:
     img_score.huggingface_hub.hf_hub_download = _no_hub
     scores = []
     for image, prompt in zip(job["images"], job["prompts"]):
-        scores.append(float(img_score.score(Image.open(image), prompt, cp=job["checkpoint"], hps_version="v2.1")[0]))
+        try:
+            scores.append(float(img_score.score(Image.open(image), prompt, cp=job["checkpoint"],
+                                                hps_version="v2.1")[0]))
+        except RuntimeError as err:  # e.g. a non-square image whose long edge is already 224: left unpadded
+            scores.append(f"{type(err).__name__}: {err}")
     return scores
 
 
@@ -304,14 +308,17 @@ def cases(images: list[Path]) -> tuple[list[Path], list[str]]:
 
 def compare(name: str, official: list[float], ours: list[float], images: list[Path], prompts: list[str],
             **alternatives: list[float]) -> dict:
+    """Rows per case; an official score that is a string is the error the official code raised."""
     rows = []
     for i, (a, b) in enumerate(zip(official, ours)):
         row = {"image": images[i].stem.removeprefix("image-"), "prompt_words": len(prompts[i].split()),
-               "official": a, "margrpo": b, "abs_diff": abs(a - b)}
+               "official": a, "margrpo": b, "abs_diff": abs(a - b) if isinstance(a, float) else None}
         row.update({k: v[i] for k, v in alternatives.items()})
         rows.append(row)
-    return {"reward": name, "rows": rows, "max_abs_diff": max(r["abs_diff"] for r in rows),
-            "max_abs_official": max(abs(a) for a in official)}
+    scored = [r for r in rows if r["abs_diff"] is not None]
+    return {"reward": name, "rows": rows, "max_abs_diff": max(r["abs_diff"] for r in scored),
+            "max_abs_official": max(abs(r["official"]) for r in scored),
+            "official_failed": len(rows) - len(scored)}
 
 
 def oracle(name: str, scratch: Path, cache_dir: Path, hps_size: str) -> dict:
@@ -400,11 +407,11 @@ def markdown(results: list[dict], versions: dict, machine: str) -> str:
              "Same random-init weights in the official file layouts, same uint8 pixels (PNG files), "
              f"images {', '.join(f'{h}x{w}' for h, w in SIZES)} (height x width), prompts of "
              f"{', '.join(str(len(p.split())) for p in PROMPTS)} words.", "",
-             "| reward | official side | model | cases | max abs diff | max abs score | seconds |",
-             "|---|---|---|---:|---:|---:|---:|"]
+             "| reward | official side | model | cases | official failed | max abs diff | max abs score | seconds |",
+             "|---|---|---|---:|---:|---:|---:|---:|"]
     for r in results:
         lines.append(f"| {r['reward']} | {r['official_side']} | {r['model']} | {len(r['rows'])} | "
-                     f"{r['max_abs_diff']:.2e} | {r['max_abs_official']:.4g} | {r['seconds']} |")
+                     f"{r['official_failed']} | {r['max_abs_diff']:.2e} | {r['max_abs_official']:.4g} | {r['seconds']} |")
     lines += ["", "Package versions in the oracle venvs: " + "; ".join(
         f"{venv}: " + ", ".join(f"{k} {v}" for k, v in pkgs.items()) for venv, pkgs in versions.items()), ""]
     for r in results:
@@ -418,7 +425,10 @@ def markdown(results: list[dict], versions: dict, machine: str) -> str:
         for row in r["rows"]:
             cells = [row["image"], str(row["prompt_words"])] + [
                 f"{row[k]:.6f}" if isinstance(row[k], float) else str(row[k]) for k in extra]
-            cells += [f"{row['official']:.6f}", f"{row['margrpo']:.6f}", f"{row['abs_diff']:.1e}"]
+            if row["abs_diff"] is None:
+                cells += [f"fails: {row['official'][:90]}", f"{row['margrpo']:.6f}", "-"]
+            else:
+                cells += [f"{row['official']:.6f}", f"{row['margrpo']:.6f}", f"{row['abs_diff']:.1e}"]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
@@ -460,8 +470,8 @@ def main(argv: list[str] | None = None) -> int:
             result = oracle(name, scratch, args.cache_dir, args.hps_size)
             result["official_side"] = OFFICIAL_SIDE[name]
             results.append(result)
-            print(f"{name}: max abs diff {result['max_abs_diff']:.2e} over {len(result['rows'])} cases "
-                  f"({result['seconds']} s)", flush=True)
+            print(f"{name}: max abs diff {result['max_abs_diff']:.2e} over {len(result['rows'])} cases, "
+                  f"{result['official_failed']} failed on the official side ({result['seconds']} s)", flush=True)
     for name in names:
         if name in VENV_OF:
             venv = VENV_OF[name]

@@ -258,10 +258,10 @@ def test_git_vqa_matches_the_reference_procedure(built, weights):
     processor, tokenizer = CLIPImageProcessor.from_pretrained(directory), AutoTokenizer.from_pretrained(directory)
     model = GitForCausalLM.from_pretrained(directory).eval()
     yes, no = tokenizer.encode("yes", add_special_tokens=False)[0], tokenizer.encode("no", add_special_tokens=False)[0]
-    questions = [["red cat?"], None, None, ["a dog?"]]  # spatial/numeracy: 0; no nouns: the prompt
+    questions = [["red cat?"], 0.0, 0.0, 1.0]  # spatial/numeracy: 0 unasked; no nouns: 1 unasked (the reference)
     for i, qs in enumerate(questions):
-        if qs is None:
-            assert got[i] == 0
+        if isinstance(qs, float):
+            assert got[i] == qs
             continue
         pixels = processor(images=to_pil(images[i:i + 1]), return_tensors="pt")["pixel_values"]
         probs = []
@@ -274,6 +274,14 @@ def test_git_vqa_matches_the_reference_procedure(built, weights):
     two = reward(images[:1].expand(2, -1, -1, -1), ["x", "x"], [{"nouns": ["cat"]}, {"nouns": ["cat", "dog"]}])
     single = reward(images[:1].expand(2, -1, -1, -1), ["x", "x"], [{"nouns": ["cat"]}, {"nouns": ["dog"]}])
     assert two[1].item() == pytest.approx((single[0] + single[1]).item() / 2, abs=1e-5)  # mean over questions
+    # no_nouns='ask_prompt': an image without nouns is asked "{prompt}?" instead of scoring 1
+    asking = build_reward("git_vqa", device="cpu", no_nouns="ask_prompt", **weights("git_vqa"))
+    asked = asking(images, PROMPTS, METADATA)
+    torch.testing.assert_close(asked[:3], got[:3], atol=1e-6, rtol=0)
+    as_noun = reward(images[3:], ["x"], [{"nouns": ["a dog"]}])  # the same question, asked through the nouns
+    assert asked[3].item() == pytest.approx(as_noun.item(), abs=1e-6) and asked[3].item() != 1.0
+    with pytest.raises(ValueError, match="no_nouns: got 'zero', expected one of one, ask_prompt"):
+        build_reward("git_vqa", device="cpu", no_nouns="zero", **weights("git_vqa"))
 
 
 def test_grounding_dino_transform_matches_its_processor(built, weights):
@@ -287,15 +295,19 @@ def test_grounding_dino_transform_matches_its_processor(built, weights):
     assert (ours - expected).abs().max() < 0.05
 
 
-def test_grounding_dino_scores_follow_detections(built):
+def _cxcywh(xyxy: torch.Tensor) -> torch.Tensor:
+    return torch.cat([(xyxy[:, :2] + xyxy[:, 2:]) / 2, xyxy[:, 2:] - xyxy[:, :2]], -1)
+
+
+def test_grounding_dino_scores_follow_detections(built, weights):
     from margrpo.rewards.compbench import CompBenchItem
 
     reward = built("grounding_dino")
     scores = reward(images_u8(), PROMPTS, METADATA)
     assert ((scores >= 0) & (scores <= 1)).all()
     assert scores[3] == 1.0  # no nouns: nothing to violate
-    # the scoring rules on hand-made detections (phrase scores [queries], boxes xyxy [queries, 4])
-    boxes = torch.tensor([[0.05, 0.4, 0.25, 0.6], [0.06, 0.41, 0.26, 0.61], [0.7, 0.4, 0.9, 0.6]])
+    # the scoring rules on hand-made detections (phrase scores [queries], boxes (cx, cy, w, h) [queries, 4])
+    boxes = _cxcywh(torch.tensor([[0.05, 0.4, 0.25, 0.6], [0.06, 0.41, 0.26, 0.61], [0.7, 0.4, 0.9, 0.6]]))
     found = {"cat": torch.tensor([0.9, 0.1, 0.1]), "dog": torch.tensor([0.1, 0.2, 0.8])}
     item = CompBenchItem.from_metadata(METADATA[1], 1)
     assert reward._score_item(item, found, boxes) == pytest.approx(0.9)  # both found, cat left of dog
@@ -303,13 +315,72 @@ def test_grounding_dino_scores_follow_detections(built):
                                                                             "locality": "left of"}}, 1)
     assert reward._score_item(flipped, found, boxes) == pytest.approx(0.4)
     counted = CompBenchItem.from_metadata({"task_type": "numeracy", "numeracy_info": [{"obj_name": "cat", "num": 1}]}, 0)
-    two_cats = {"cat": torch.tensor([0.9, 0.8, 0.1])}  # two overlapping boxes: NMS keeps one
-    assert reward._score_item(counted, two_cats, boxes) == pytest.approx(1.0)
+    two_cats = {"cat": torch.tensor([0.9, 0.8, 0.1])}  # two overlapping boxes: NMS on corners keeps one
+    corner_nms = build_reward("grounding_dino", device="cpu", nms_boxes="xyxy", **weights("grounding_dino"))
+    assert corner_nms._score_item(counted, two_cats, boxes) == pytest.approx(1.0)
     counted2 = CompBenchItem.from_metadata({"task_type": "numeracy", "numeracy_info": [{"obj_name": "cat", "num": 2}]}, 0)
-    assert reward._score_item(counted2, two_cats, boxes) == pytest.approx(0.2)
+    assert corner_nms._score_item(counted2, two_cats, boxes) == pytest.approx(0.2)
     objects = CompBenchItem.from_metadata({"nouns": ["cat", "dog", "bird"]}, 0)
     found["bird"] = torch.tensor([0.1, 0.1, 0.2])
     assert reward._score_item(objects, found, boxes) == pytest.approx(2 / 3)
+    # the reference reads (cx, cy, w, h) as corners: a box narrower than its centre's offset then has
+    # x2 < x1 and overlaps nothing, so two detections of one small cat are both kept
+    duplicate = torch.tensor([[0.5, 0.5, 0.2, 0.2], [0.51, 0.5, 0.2, 0.2]])  # (cx, cy, w, h): IoU 0.9
+    cats = {"cat": torch.tensor([0.9, 0.8])}
+    assert corner_nms._score_item(counted, cats, duplicate) == pytest.approx(1.0)  # one cat
+    assert reward._score_item(counted, cats, duplicate) == pytest.approx(0.2)  # reference: two kept
+    assert reward._score_item(counted2, cats, duplicate) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="nms_boxes: got 'xywh', expected one of cxcywh, xyxy"):
+        build_reward("grounding_dino", device="cpu", nms_boxes="xywh", **weights("grounding_dino"))
+
+
+@pytest.mark.parametrize("as_corners", [True, False])
+def test_nms_count_is_torchvisions_nms(gen, as_corners):
+    from torchvision.ops import nms
+
+    from margrpo.rewards.grounding_dino import corners, nms_count
+
+    for trial in range(200):
+        n = int(torch.randint(1, 12, (), generator=gen))
+        boxes = torch.rand(n, 4, generator=gen) * torch.tensor([1.0, 1.0, 0.5, 0.5]) + torch.tensor([0, 0, 0.05, 0.05])
+        scores = torch.rand(n, generator=gen)
+        boxes = corners(boxes) if as_corners else boxes  # the reference's (cx, cy, w, h) boxes, read as corners
+        assert nms_count(boxes, scores) == len(nms(boxes, scores, 0.5)), (trial, boxes, scores)
+
+
+def test_grounding_dino_phrases_are_scored_on_their_first_and_last_word(built, weights):
+    from margrpo.rewards.grounding_dino import caption_for
+
+    caption, spans = caption_for(["cat", "big red car", "blue sky"])
+    assert caption == "cat . big red car . blue sky ."
+    assert [[caption[a:b] for a, b in phrase] for phrase in spans] == [["cat"], ["big", "car"], ["blue", "sky"]]
+    _, whole = caption_for(["cat", "big red car"], first_last=False)
+    assert [[caption[a:b] for a, b in phrase] for phrase in whole] == [["cat"], ["big red car"]]
+    # on the detector: the phrase "red cat dog" is the mean of the token probabilities of "red" and "dog"
+    reward = built("grounding_dino")
+    images = images_u8(batch=1).float() / 255  # detect() takes the unit-float images score() gets
+    tokens = reward.tokenizer(["red cat dog . cat ."], return_tensors="pt")
+    assert reward.tokenizer.convert_ids_to_tokens(tokens["input_ids"][0])[1:4] == ["red", "cat", "dog"]
+    with torch.no_grad():
+        out = reward.model(pixel_values=reward.transform(images), **tokens)
+    probs = out.logits[0].sigmoid()  # [queries, tokens]; token 0 is [CLS]
+    got = reward.detect(images, [["red cat dog", "cat"]])[0][0]
+    torch.testing.assert_close(got[0], (probs[:, 1] + probs[:, 3]) / 2, atol=1e-5, rtol=0)
+    torch.testing.assert_close(got[1], probs[:, 5], atol=1e-5, rtol=0)
+    every = build_reward("grounding_dino", device="cpu", phrase_tokens="all", **weights("grounding_dino"))
+    torch.testing.assert_close(every.detect(images, [["red cat dog", "cat"]])[0][0][0], probs[:, 1:4].mean(1),
+                               atol=1e-5, rtol=0)
+
+
+def test_grounding_dino_original_checkpoint_layout_is_refused_with_the_conversion(tmp_path):
+    original = tmp_path / "groundingdino_swint_ogc.pth"
+    torch.save({"model": {"backbone.0.patch_embed.proj.weight": torch.zeros(1)}}, original)
+    for path in (original, tmp_path):
+        with pytest.raises(CorruptWeightsError) as err:
+            build_reward("grounding_dino", device="cpu", path=str(path))
+        text = str(err.value)
+        assert "original GroundingDINO release layout" in text and "convert_grounding_dino_to_hf.py" in text
+        assert "--model_name grounding-dino-tiny" in text and "IDEA-Research/grounding-dino-tiny" in text
 
 
 def test_hf_directory_corrupt_or_incomplete(weights, tmp_path):
