@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -36,7 +37,8 @@ VENVS = {
     # image-reward's med.py imports helpers from transformers.modeling_utils that 4.45+ moved or removed;
     # its __init__ imports OpenAI's `clip` (for its CLIP/aesthetic baselines) without declaring it
     "image_reward": ["image-reward==1.5", "transformers==4.44.2", "openai-clip==1.0.1"],
-    "torchmetrics": ["torchmetrics[multimodal]==1.9.0"],
+    # torchmetrics 1.9.0 normalises get_image_features' output as a tensor, which transformers 5 no longer returns
+    "torchmetrics": ["torchmetrics[multimodal]==1.9.0", "transformers<5"],
 }
 REWARDS = ("hps", "image_reward", "clipscore", "pickscore", "aesthetic", "git_vqa")
 VENV_OF = {"hps": "hpsv2", "image_reward": "image_reward", "clipscore": "torchmetrics"}
@@ -295,8 +297,9 @@ def margrpo_scores(name: str, options: dict, images: list[Path], prompts: list[s
 def run_worker(python: Path, name: str, job: dict, scratch: Path):
     job_file, out_file = scratch / f"{name}-job.json", scratch / f"{name}-out.json"
     job_file.write_text(json.dumps(job))
+    offline = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}  # a hub call fails, never fetches
     subprocess.run([str(python), str(Path(__file__).resolve()), "--worker", name, "--job", str(job_file),
-                    "--out", str(out_file)], check=True)
+                    "--out", str(out_file)], check=True, env=offline)
     return json.loads(out_file.read_text())
 
 
@@ -345,7 +348,8 @@ def oracle(name: str, scratch: Path, cache_dir: Path, hps_size: str) -> dict:
         result = compare(name, official, margrpo_scores("image_reward", options, imgs, prompts), imgs, prompts)
         result["model"] = "full size (BLIP ViT-L/16 + BERT-base with cross-attention)"
     elif name == "clipscore":
-        options = synthetic.write("clipscore", scratch, "tiny")
+        # torchmetrics accepts only hub names; its "openai" branch loads any path containing "openai"
+        options = synthetic.write("clipscore", scratch / "openai", "tiny")
         imgs, prompts = cases(images)
         job = {"model": options["path"], "images": [str(p) for p in imgs], "prompts": prompts}
         official = run_worker(ensure_venv(cache_dir, "torchmetrics"), "clipscore", job, scratch)

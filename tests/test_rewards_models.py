@@ -237,13 +237,19 @@ def test_image_reward_checkpoint_keys_and_transform(built, weights, tmp_path):
                             T.Normalize(CLIP_MEAN, CLIP_STD)])
     pixels = torch.stack([documented(p) for p in to_pil(images)])
     assert (reward.transform(images.float() / 255) - pixels).abs().max() < 0.03
-    # a checkpoint with an unknown extra tensor is rejected by name
+    # loaded non-strictly like the official loader: extra tensors and unused missing ones are named, not refused
     directory = tmp_path / "ir"
     directory.mkdir()
     (directory / "med_config.json").write_text((Path(weights("image_reward")["path"]) / "med_config.json").read_text())
     write_bert_vocab(directory / "bert-base-uncased")
-    torch.save({**state, "blip.text_decoder.cls.bias": torch.zeros(3)}, directory / "ImageReward.pt")
-    with pytest.raises(CorruptWeightsError, match="unexpected keys: blip.text_decoder.cls.bias"):
+    lenient = {k: v for k, v in state.items() if not k.startswith("blip.vision_proj.")}
+    torch.save({**lenient, "blip.text_decoder.cls.bias": torch.zeros(3)}, directory / "ImageReward.pt")
+    with pytest.warns(UserWarning, match=r"1 unexpected keys ignored: blip.text_decoder.cls.bias; 2 missing keys left "
+                                         r"at init \(not used by the score\): blip.vision_proj.bias, blip.vision_proj.weight"):
+        loaded = build_reward("image_reward", path=str(directory), device="cpu")
+    torch.testing.assert_close(loaded(images, PROMPTS), reward(images, PROMPTS), atol=1e-6, rtol=0)
+    torch.save({k: v for k, v in state.items() if k != "mlp.layers.7.bias"}, directory / "ImageReward.pt")
+    with pytest.raises(CorruptWeightsError, match="1 missing keys the score needs: mlp.layers.7.bias"):
         build_reward("image_reward", path=str(directory), device="cpu")
 
 
@@ -381,6 +387,60 @@ def test_grounding_dino_original_checkpoint_layout_is_refused_with_the_conversio
         text = str(err.value)
         assert "original GroundingDINO release layout" in text and "convert_grounding_dino_to_hf.py" in text
         assert "--model_name grounding-dino-tiny" in text and "IDEA-Research/grounding-dino-tiny" in text
+
+
+def test_clipscore_torchmetrics_mode_cuts_token_ids_and_leaves_the_clamp_to_the_batch(built, weights):
+    from transformers import AutoTokenizer, CLIPModel
+
+    directory = weights("clipscore")["path"]
+    images = images_u8()
+    prompts = ["a red cat", "a red cat sitting on a dog left of a red dog", "a dog", "red"]  # 2nd: over 16 tokens
+    tm = build_reward("clipscore", device="cpu", mode="torchmetrics", **weights("clipscore"))
+    got = tm(images, prompts)
+    # torchmetrics' procedure: pad without truncation, then cut ids and mask to the text context
+    tokenizer, model = AutoTokenizer.from_pretrained(directory), CLIPModel.from_pretrained(directory).eval()
+    tokens = tokenizer(prompts, padding=True, return_tensors="pt")
+    context = model.config.text_config.max_position_embeddings
+    assert tokens["input_ids"].shape[1] > context
+    with torch.no_grad():
+        text = model.get_text_features(input_ids=tokens["input_ids"][:, :context],
+                                       attention_mask=tokens["attention_mask"][:, :context])
+    text = torch.nn.functional.normalize(getattr(text, "pooler_output", text), dim=-1)
+    image = tm.clip.image_embeddings(images.float() / 255)  # normalised, as the reward sees it
+    torch.testing.assert_close(got, 100 * (image * text).sum(-1), atol=1e-4, rtol=0)
+    per_image = built("clipscore")(images, prompts)
+    assert (got < 0).any() and (per_image >= 0).all()  # no per-image clamp in torchmetrics mode
+    short = [0, 2, 3]  # within the context both modes read the same text embedding
+    torch.testing.assert_close(per_image[short], got[short].clamp(min=0), atol=1e-4, rtol=0)
+    with pytest.raises(ValueError, match="mode: got 'tm', expected one of per_image, torchmetrics"):
+        build_reward("clipscore", device="cpu", mode="tm", **weights("clipscore"))
+
+
+def test_errors_name_the_option_and_the_expected_layout(weights, tmp_path):
+    import shutil
+
+    checkpoint = Path(weights("image_reward")["path"]) / "ImageReward.pt"
+    with pytest.raises(MissingWeightsError, match=r"image_reward: option path=.*ImageReward\.pt is a file, expected "
+                                                  r"a dir \(expected layout: a directory with ImageReward\.pt"):
+        build_reward("image_reward", path=str(checkpoint), device="cpu")
+    clip_dir = tmp_path / "clip-as-git"
+    shutil.copytree(weights("clipscore")["path"], clip_dir)
+    shutil.copy(Path(weights("git_vqa")["path"]) / "vocab.txt", clip_dir)
+    with pytest.raises(CorruptWeightsError, match=r"git_vqa: option path=.*clip-as-git holds a 'clip' model "
+                                                  r"\(config.json model_type\), expected 'git' for GitForCausalLM "
+                                                  r"\(expected layout: a Hugging Face GIT directory"):
+        build_reward("git_vqa", path=str(clip_dir), device="cpu")
+    model_only = tmp_path / "pickscore-model"
+    model_only.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(Path(weights("pickscore")["path"]) / name, model_only)
+    with pytest.raises(MissingWeightsError, match=r"missing file .*preprocessor_config.json \(option path \(or "
+                                                  r"processor_path, a directory with the tokenizer files"):
+        build_reward("pickscore", path=str(model_only), device="cpu")
+    with pytest.raises(MissingWeightsError, match=r"missing file .*preprocessor_config.json \(option processor_path;"):
+        build_reward("pickscore", path=str(model_only), processor_path=str(tmp_path), device="cpu")
+    built = build_reward("pickscore", path=str(model_only), processor_path=weights("pickscore")["path"], device="cpu")
+    assert torch.isfinite(built(images_u8(), PROMPTS)).all()
 
 
 def test_hf_directory_corrupt_or_incomplete(weights, tmp_path):
