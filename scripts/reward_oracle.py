@@ -30,8 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
-# torch/torchvision: the builds this machine keeps on disk (pip takes them without a download)
-TORCH = ["torch==2.14.1", "torchvision==0.29.1"]
+# torch/torchvision: the builds this machine keeps on disk (pip takes them without a download).
+# setuptools: torch wants >= 77; openai-clip (below) imports pkg_resources, which 81 removed
+TORCH = ["torch==2.14.1", "torchvision==0.29.1", "setuptools>=77,<81"]
 VENVS = {
     "hpsv2": ["hpsv2==1.2.0"],
     # image-reward's med.py imports helpers from transformers.modeling_utils that 4.45+ moved or removed;
@@ -77,7 +78,7 @@ def ensure_venv(cache_dir: Path, name: str) -> Path:
     if not python.exists():
         subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", str(venv)], check=True)
     pip = [str(python), "-m", "pip", "install", "-q"]
-    subprocess.run(pip + ["--upgrade", "pip", "setuptools<70", "wheel"], check=True)
+    subprocess.run(pip + ["--upgrade", "pip", "wheel"], check=True)
     subprocess.run(pip + TORCH, check=True)
     # no build isolation: fairscale's sdist builds against the torch installed above
     subprocess.run(pip + ["--no-build-isolation"] + TORCH + VENVS[name], check=True)
@@ -151,20 +152,18 @@ def worker_image_reward(job: dict) -> list[float]:
 
 
 def worker_clipscore(job: dict) -> dict:
-    """torchmetrics' CLIPScore: each case alone, and all cases as one batch (it clamps the batch mean)."""
+    """torchmetrics' CLIPScore: per case the score its update step accumulates (100 * cos, before the
+    clamp), and the metric over all cases as one batch (max(mean, 0))."""
     import numpy as np
     import torch
     from PIL import Image
+    from torchmetrics.functional.multimodal.clip_score import _clip_score_update
     from torchmetrics.multimodal.clip_score import CLIPScore
 
     metric = CLIPScore(model_name_or_path=job["model"])
     images = [torch.from_numpy(np.array(Image.open(p).convert("RGB"))).permute(2, 0, 1) for p in job["images"]]
-    single = []
-    for image, prompt in zip(images, job["prompts"]):
-        metric.reset()
-        metric.update(image, prompt)
-        single.append(float(metric.compute()))
-    metric.reset()
+    single = [float(_clip_score_update(image, prompt, metric.model, metric.processor)[0][0])
+              for image, prompt in zip(images, job["prompts"])]
     metric.update(images, job["prompts"])
     return {"single": single, "batch": float(metric.compute())}
 
@@ -252,6 +251,31 @@ def official_git(options: dict, images: list[Path], prompts: list[str], metadata
     return scores
 
 
+def margrpo_on_processor_pixels(name: str, options: dict, images: list[Path], prompts: list[str]) -> list[float]:
+    """margrpo's pickscore / aesthetic network fed the Hugging Face processor's pixels (PIL resize on
+    uint8) instead of its own tensor transform: isolates the preprocessing part of a difference."""
+    import torch
+    import torch.nn.functional as F
+    from PIL import Image
+    from transformers import CLIPImageProcessor
+
+    from margrpo.rewards import build_reward
+
+    reward = build_reward(name, device="cpu", **options)
+    processor = CLIPImageProcessor.from_pretrained(options["clip_path" if name == "aesthetic" else "path"])
+    scores = []
+    with torch.no_grad():
+        for image, prompt in zip(images, prompts):
+            pixels = processor(images=Image.open(image), return_tensors="pt")["pixel_values"]
+            features = F.normalize(_features(reward.clip.model.get_image_features(pixel_values=pixels)), dim=-1)
+            if name == "aesthetic":
+                scores.append(float(reward.head(features)[0]))
+            else:
+                cosine = (features * reward.clip.text_embeddings([prompt])).sum(-1)
+                scores.append(float(reward.clip.model.logit_scale.exp() * cosine[0]))
+    return scores
+
+
 def _features(output):
     # transformers 5 returns a model output from get_*_features, 4.x the projected tensor
     return output if hasattr(output, "norm") else output.pooler_output
@@ -319,9 +343,11 @@ def compare(name: str, official: list[float], ours: list[float], images: list[Pa
         row.update({k: v[i] for k, v in alternatives.items()})
         rows.append(row)
     scored = [r for r in rows if r["abs_diff"] is not None]
-    return {"reward": name, "rows": rows, "max_abs_diff": max(r["abs_diff"] for r in scored),
-            "max_abs_official": max(abs(r["official"]) for r in scored),
-            "official_failed": len(rows) - len(scored)}
+    result = {"reward": name, "rows": rows, "max_abs_diff": max(r["abs_diff"] for r in scored),
+              "max_abs_official": max(abs(r["official"]) for r in scored), "official_failed": len(rows) - len(scored)}
+    if "on_processor_pixels" in alternatives:
+        result["max_abs_diff_on_processor_pixels"] = max(abs(r["official"] - r["on_processor_pixels"]) for r in scored)
+    return result
 
 
 def oracle(name: str, scratch: Path, cache_dir: Path, hps_size: str) -> dict:
@@ -354,7 +380,7 @@ def oracle(name: str, scratch: Path, cache_dir: Path, hps_size: str) -> dict:
         job = {"model": options["path"], "images": [str(p) for p in imgs], "prompts": prompts}
         official = run_worker(ensure_venv(cache_dir, "torchmetrics"), "clipscore", job, scratch)
         tm = margrpo_scores("clipscore", {**options, "mode": "torchmetrics"}, imgs, prompts)
-        result = compare(name, official["single"], [max(s, 0.0) for s in tm], imgs, prompts,
+        result = compare(name, official["single"], tm, imgs, prompts,
                          per_image=margrpo_scores("clipscore", options, imgs, prompts))
         result["batch"] = {"official": official["batch"], "margrpo": max(sum(tm) / len(tm), 0.0)}
         result["model"] = "tiny CLIP (16-token context, so prompts over 16 tokens are cut), mode='torchmetrics'"
@@ -362,13 +388,15 @@ def oracle(name: str, scratch: Path, cache_dir: Path, hps_size: str) -> dict:
         options = synthetic.write("pickscore", scratch, "tiny")
         imgs, prompts = cases(images)
         result = compare(name, official_pickscore(options, imgs, prompts),
-                         margrpo_scores("pickscore", options, imgs, prompts), imgs, prompts)
+                         margrpo_scores("pickscore", options, imgs, prompts), imgs, prompts,
+                         on_processor_pixels=margrpo_on_processor_pixels("pickscore", options, imgs, prompts))
         result["model"] = "tiny CLIP (16-token context)"
     elif name == "aesthetic":
         options = synthetic.write("aesthetic", scratch, "tiny")
         imgs, prompts = images, [PROMPTS[0]] * len(images)
         result = compare(name, official_aesthetic(options, imgs, prompts),
-                         margrpo_scores("aesthetic", options, imgs, prompts), imgs, prompts)
+                         margrpo_scores("aesthetic", options, imgs, prompts), imgs, prompts,
+                         on_processor_pixels=margrpo_on_processor_pixels("aesthetic", options, imgs, prompts))
         result["model"] = "tiny CLIP + the published head layout"
     elif name == "git_vqa":
         options = synthetic.write("git_vqa", scratch, "tiny")
@@ -418,6 +446,12 @@ def markdown(results: list[dict], versions: dict, machine: str) -> str:
                      f"{r['official_failed']} | {r['max_abs_diff']:.2e} | {r['max_abs_official']:.4g} | {r['seconds']} |")
     lines += ["", "Package versions in the oracle venvs: " + "; ".join(
         f"{venv}: " + ", ".join(f"{k} {v}" for k, v in pkgs.items()) for venv, pkgs in versions.items()), ""]
+    same_pixels = [f"{r['reward']} {r['max_abs_diff_on_processor_pixels']:.1e}" for r in results
+                   if "max_abs_diff_on_processor_pixels" in r]
+    if same_pixels:
+        lines += ["pickscore and aesthetic: the official procedures resize with PIL on uint8, margrpo on float "
+                  "tensors; fed the processor's pixels instead (column on_processor_pixels), margrpo's networks "
+                  "differ from the official scores by at most " + ", ".join(same_pixels) + ".", ""]
     for r in results:
         extra = [k for k in r["rows"][0] if k not in ("image", "prompt_words", "official", "margrpo", "abs_diff")]
         lines += [f"## {r['reward']}", ""]

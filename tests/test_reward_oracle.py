@@ -42,6 +42,12 @@ def test_margrpo_scores_match_the_official_code(oracle_results, name):
     assert result["max_abs_diff"] <= RELATIVE_TOLERANCE[name] * result["max_abs_official"], result["rows"]
 
 
+@pytest.mark.parametrize("name", ["pickscore", "aesthetic"])
+def test_on_the_processors_pixels_the_networks_agree(oracle_results, name):
+    result = oracle_results[name]
+    assert result["max_abs_diff_on_processor_pixels"] <= 1e-5 * result["max_abs_official"]
+
+
 def test_hpsv2_fails_where_the_long_edge_is_already_224_and_margrpo_pads(oracle_results):
     failed = [r for r in oracle_results["hps"]["rows"] if r["abs_diff"] is None]
     assert failed and all(r["image"] == "224x168" for r in failed)

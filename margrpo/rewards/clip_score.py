@@ -38,8 +38,9 @@ class _ClipSimilarity(Reward):
             if processor_path else None
         self.clip = HFClip(self.spec, directory, processor, self.device, self.dtype)
 
-    def cosine(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
-        return (self.clip.image_embeddings(images) * self.clip.text_embeddings(prompts)).sum(-1)
+    def cosine(self, images: torch.Tensor, prompts: list[str], cut_after_tokenizing: bool = False) -> torch.Tensor:
+        text = self.clip.text_embeddings(prompts, cut_after_tokenizing=cut_after_tokenizing)
+        return (self.clip.image_embeddings(images) * text).sum(-1)
 
 
 @register("pickscore")
@@ -80,6 +81,5 @@ class CLIPScore(_ClipSimilarity):
 
     def score(self, images: torch.Tensor, prompts: list[str], metadata: Metadata) -> torch.Tensor:
         if self.mode == "torchmetrics":
-            text = self.clip.text_embeddings(prompts, cut_after_tokenizing=True)
-            return self.scale * (self.clip.image_embeddings(images) * text).sum(-1)
+            return self.scale * self.cosine(images, prompts, cut_after_tokenizing=True)
         return (self.scale * self.cosine(images, prompts)).clamp(min=0.0)
