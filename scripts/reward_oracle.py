@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -36,8 +37,9 @@ TORCH = ["torch==2.14.1", "torchvision==0.29.1", "setuptools>=77,<81"]
 VENVS = {
     "hpsv2": ["hpsv2==1.2.0"],
     # image-reward's med.py imports helpers from transformers.modeling_utils that 4.45+ moved or removed;
-    # its __init__ imports OpenAI's `clip` (for its CLIP/aesthetic baselines) without declaring it
-    "image_reward": ["image-reward==1.5", "transformers==4.44.2", "openai-clip==1.0.1"],
+    # its __init__ imports diffusers (for ReFL; recent releases need a newer transformers) and OpenAI's
+    # `clip` (for its CLIP/aesthetic baselines, not declared)
+    "image_reward": ["image-reward==1.5", "transformers==4.44.2", "diffusers==0.30.3", "openai-clip==1.0.1"],
     # torchmetrics 1.9.0 normalises get_image_features' output as a tensor, which transformers 5 no longer returns
     "torchmetrics": ["torchmetrics[multimodal]==1.9.0", "transformers<5"],
 }
@@ -513,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         if name in VENV_OF:
             venv = VENV_OF[name]
-            packages = ["torch", "torchvision"] + [p.split("==")[0].split("[")[0] for p in VENVS[venv]]
+            packages = ["torch", "torchvision"] + [re.split(r"[=<>\[]", p)[0] for p in VENVS[venv]]
             versions[venv] = venv_versions(args.cache_dir / f"venv-oracle-{venv}" / "bin" / "python", packages)
     info = machine_description(torch.device("cpu"))
     machine = f"{info['cpu_count']}-core {info['machine']} CPU ({info['cpu']}), torch {info['torch']}, no GPU"
