@@ -254,8 +254,9 @@ def official_git(options: dict, images: list[Path], prompts: list[str], metadata
 
 
 def margrpo_on_processor_pixels(name: str, options: dict, images: list[Path], prompts: list[str]) -> list[float]:
-    """margrpo's pickscore / aesthetic network fed the Hugging Face processor's pixels (PIL resize on
-    uint8) instead of its own tensor transform: isolates the preprocessing part of a difference."""
+    """margrpo's pickscore / aesthetic / clipscore (mode='torchmetrics') network fed the Hugging Face
+    processor's pixels (PIL resize on uint8) instead of its own tensor transform: isolates the
+    preprocessing part of a difference."""
     import torch
     import torch.nn.functional as F
     from PIL import Image
@@ -272,6 +273,9 @@ def margrpo_on_processor_pixels(name: str, options: dict, images: list[Path], pr
             features = F.normalize(_features(reward.clip.model.get_image_features(pixel_values=pixels)), dim=-1)
             if name == "aesthetic":
                 scores.append(float(reward.head(features)[0]))
+            elif name == "clipscore":
+                cosine = (features * reward.clip.text_embeddings([prompt], cut_after_tokenizing=True)).sum(-1)
+                scores.append(float(reward.scale * cosine[0]))
             else:
                 cosine = (features * reward.clip.text_embeddings([prompt])).sum(-1)
                 scores.append(float(reward.clip.model.logit_scale.exp() * cosine[0]))
@@ -383,7 +387,9 @@ def oracle(name: str, scratch: Path, cache_dir: Path, hps_size: str) -> dict:
         official = run_worker(ensure_venv(cache_dir, "torchmetrics"), "clipscore", job, scratch)
         tm = margrpo_scores("clipscore", {**options, "mode": "torchmetrics"}, imgs, prompts)
         result = compare(name, official["single"], tm, imgs, prompts,
-                         per_image=margrpo_scores("clipscore", options, imgs, prompts))
+                         per_image=margrpo_scores("clipscore", options, imgs, prompts),
+                         on_processor_pixels=margrpo_on_processor_pixels(
+                             "clipscore", {**options, "mode": "torchmetrics"}, imgs, prompts))
         result["batch"] = {"official": official["batch"], "margrpo": max(sum(tm) / len(tm), 0.0)}
         result["model"] = "tiny CLIP (16-token context, so prompts over 16 tokens are cut), mode='torchmetrics'"
     elif name == "pickscore":
@@ -451,7 +457,7 @@ def markdown(results: list[dict], versions: dict, machine: str) -> str:
     same_pixels = [f"{r['reward']} {r['max_abs_diff_on_processor_pixels']:.1e}" for r in results
                    if "max_abs_diff_on_processor_pixels" in r]
     if same_pixels:
-        lines += ["pickscore and aesthetic: the official procedures resize with PIL on uint8, margrpo on float "
+        lines += ["pickscore, aesthetic, clipscore: the official code resizes with PIL on uint8, margrpo on float "
                   "tensors; fed the processor's pixels instead (column on_processor_pixels), margrpo's networks "
                   "differ from the official scores by at most " + ", ".join(same_pixels) + ".", ""]
     for r in results:
