@@ -28,6 +28,20 @@ from margrpo.ops import _backend, _kernels  # noqa: E402
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 2e-2}
 
 
+def pytest_addoption(parser):
+    parser.addoption("--oracle", action="store_true",
+                     help="run the reward oracle tests (build venvs with the official reward packages; minutes)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--oracle"):
+        return
+    skip = pytest.mark.skip(reason="reward oracle: builds venvs with the official packages; run with --oracle")
+    for item in items:
+        if "oracle" in item.keywords:
+            item.add_marker(skip)
+
+
 def backends_under_test() -> list[str]:
     """Every backend this installation runs, plus triton whenever the interpreter is on."""
     names = list(ops.available_backends())

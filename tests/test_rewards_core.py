@@ -109,8 +109,18 @@ def test_missing_weights_name_file_layout_and_source(tmp_path, monkeypatch):
     monkeypatch.delenv(W.WEIGHTS_DIR_ENV)
     with pytest.raises(W.MissingWeightsError, match="MARGRPO_WEIGHTS_DIR is not set"):
         W.resolve(SPEC, None)
-    with pytest.raises(W.MissingWeightsError, match="weights dir not found"):
+    with pytest.raises(W.MissingWeightsError, match=r"weights dir not found: .*absent \(option path;"):
         W.resolve(SPEC, tmp_path / "absent", kind="dir")
+
+
+def test_a_file_where_a_directory_is_expected_names_the_option(tmp_path):
+    (tmp_path / "weights.pt").write_bytes(b"x")
+    spec = W.WeightsSpec("demo", "demo", "a directory with weights.pt", "https://example.org/demo", option="clip_path")
+    with pytest.raises(W.MissingWeightsError, match=r"option clip_path=.*weights\.pt is a file, expected a dir "
+                                                     r"\(expected layout: a directory with weights\.pt"):
+        W.resolve(spec, tmp_path / "weights.pt", kind="dir")
+    with pytest.raises(W.MissingWeightsError, match="option clip_path=.* is a directory, expected a file"):
+        W.resolve(spec, tmp_path, kind="file")
 
 
 def test_weights_dir_env_is_used(tmp_path, monkeypatch):
@@ -148,6 +158,23 @@ def test_load_exact_reports_missing_unexpected_and_shape_mismatch(tmp_path):
     assert "1 missing keys: 1.bias" in text and "1 unexpected keys: extra" in text
     assert "0.weight: file (5, 5) vs model (2, 3)" in text
     W.load_exact(SPEC, net, {**good, "skip.me": torch.zeros(1)}, tmp_path / "x.pt", ignore_prefixes=("skip.",))
+
+
+def test_load_reporting_names_skipped_keys_and_refuses_missing_essentials(tmp_path):
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
+    source = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1)).state_dict()
+    partial = {k: v for k, v in source.items() if k != "1.bias"}
+    before = net[1].bias.clone()
+    with pytest.warns(UserWarning, match=r"1 unexpected keys ignored: extra; 1 missing keys left at init .*: 1\.bias"):
+        W.load_reporting(SPEC, net, {**partial, "extra": torch.zeros(1)}, tmp_path / "x.pt", essential_prefixes=("0.",))
+    assert torch.equal(net[0].weight, source["0.weight"]) and torch.equal(net[1].bias, before)
+    with pytest.raises(W.CorruptWeightsError, match="1 missing keys the score needs: 0.bias"):
+        W.load_reporting(SPEC, net, {k: v for k, v in source.items() if k != "0.bias"}, tmp_path / "x.pt",
+                         essential_prefixes=("0.",))
+    with pytest.raises(W.CorruptWeightsError, match=r"1 shape mismatches: 1.weight: file \(1, 5\)"):
+        W.load_reporting(SPEC, net, {**source, "1.weight": torch.zeros(1, 5)}, tmp_path / "x.pt",
+                         essential_prefixes=("0.",))
 
 
 # ---------------------------------------------------------------- weighting
@@ -230,6 +257,34 @@ def test_clip_transform_matches_the_pil_pipeline(hw):
     assert ours.shape == ref.shape == (3, 3, 32, 32)
     diff = (ours - ref).abs()
     assert diff.max() < 0.03 and diff.mean() < 0.006  # uint8 rounding is 0.0146 in these units
+
+
+@pytest.mark.parametrize("hw", [(480, 640), (512, 384), (100, 150), (61, 200), (224, 224), (500, 500), (224, 168)])
+def test_letterbox_matches_torchvision_resize_and_pad_on_float_tensors(hw):
+    """hpsv2's ResizeMaxSize on a ToTensor() image: long edge to 224 (short edge round()ed), bicubic on
+    the float tensor with torchvision's tensor antialiasing, zero padding centred, then normalised."""
+    import torchvision.transforms.functional as TF
+
+    images = smooth_images(batch=2, height=hw[0], width=hw[1], seed=hw[0] + hw[1])
+    x = images.float() / 255
+    ours = ImageTransform.clip_letterbox(224)(x)
+    scale = 224 / max(hw)
+    new = [round(d * scale) for d in hw]
+    pad_h, pad_w = 224 - new[0], 224 - new[1]
+    ref = TF.resize(x.double(), new, TF.InterpolationMode.BICUBIC, antialias=True) if scale != 1 else x.double()
+    ref = TF.pad(ref, [pad_w // 2, pad_h // 2, pad_w - pad_w // 2, pad_h - pad_h // 2], fill=0)
+    ref = TF.normalize(ref, CLIP_MEAN, CLIP_STD)
+    assert ours.shape == ref.shape == (2, 3, 224, 224)
+    torch.testing.assert_close(ours.double(), ref, atol=2e-5, rtol=0)
+    if hw[0] != hw[1]:  # the padding is black before normalisation
+        black = -torch.tensor(CLIP_MEAN, dtype=torch.float64) / torch.tensor(CLIP_STD, dtype=torch.float64)
+        corner = ours[0, :, 0, 0].double()
+        torch.testing.assert_close(corner, black.float().double(), atol=1e-6, rtol=0)
+
+
+def test_letterbox_refuses_a_crop():
+    with pytest.raises(ValueError, match=r"letterbox pads to 224x224; got crop=\(224, 224\)"):
+        ImageTransform(224, (224, 224), CLIP_MEAN, CLIP_STD, letterbox=True)
 
 
 def test_resize_rules():

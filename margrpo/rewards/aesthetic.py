@@ -19,7 +19,7 @@ HEAD = WeightsSpec("aesthetic", "aesthetic/sac+logos+ava1-l14-linearMSE.pth",
                    "https://github.com/christophschuhmann/improved-aesthetic-predictor")
 CLIP = WeightsSpec("aesthetic", "aesthetic/clip-vit-large-patch14",
                    "a Hugging Face CLIP directory: config.json, model.safetensors, tokenizer files, "
-                   "preprocessor_config.json", "https://huggingface.co/openai/clip-vit-large-patch14")
+                   "preprocessor_config.json", "https://huggingface.co/openai/clip-vit-large-patch14", option="clip_path")
 
 
 @register("aesthetic")

@@ -5,7 +5,11 @@ For each question q the score is P(yes) / (P(yes) + P(no)) of the next token aft
 questions. Questions, per image (compbench.py metadata, the T2I-R1 / MAR-GRPO rule):
   - spatial and numeracy tasks: not scored here (0; GroundingDINO scores them);
   - else "{phrase}?" for each attr_nouns phrase, or each noun when there are no attr_nouns;
-  - no nouns and no attr_nouns: the prompt itself, "{prompt}?" (so plain prompts work too).
+  - no nouns and no attr_nouns: no_nouns='one' (default, the MAR-GRPO reference) scores 1 without
+    asking; no_nouns='ask_prompt' asks about the prompt itself, "{prompt}?", so that plain prompts
+    without metadata still get an image-dependent score.
+The reference falls back to the nouns only when attr_nouns is absent (None); an empty attr_nouns
+list makes its mean over no questions NaN. Here an empty list counts as absent.
 All questions of a batch run as one padded batch (right padding; the text is causal, so padding
 does not change the logits read at each row's last real token).
 """
@@ -24,23 +28,31 @@ SPEC = WeightsSpec("git_vqa", "git-large-vqav2",
                    "tokenizer files (vocab.txt) and preprocessor_config.json",
                    "https://huggingface.co/microsoft/git-large-vqav2")
 UNSCORED_TASKS = ("spatial", "numeracy")
+NO_NOUNS = ("one", "ask_prompt")
 
 
-def questions_for(item: CompBenchItem, prompt: str) -> list[str] | None:
-    """The questions to ask about one image, or None when its task is not scored by VQA."""
+def questions_for(item: CompBenchItem, prompt: str, no_nouns: str = "one") -> list[str] | None:
+    """The questions to ask about one image: None when VQA does not score its task (score 0), []
+    when there is nothing to ask (score 1)."""
     if item.task_type in UNSCORED_TASKS:
         return None
     phrases = item.attr_nouns if item.attr_nouns else item.nouns
-    return [f"{p}?" for p in phrases] if phrases else [f"{prompt.rstrip('.?! ')}?"]
+    if phrases:
+        return [f"{p}?" for p in phrases]
+    return [f"{prompt.rstrip('.?! ')}?"] if no_nouns == "ask_prompt" else []
 
 
 @register("git_vqa")
 class GitVQAReward(Reward):
-    """Mean P(yes)/(P(yes)+P(no)) over an image's questions. path: the GIT VQA directory."""
+    """Mean P(yes)/(P(yes)+P(no)) over an image's questions. path: the GIT VQA directory;
+    no_nouns: 'one' (the reference) or 'ask_prompt' (see the module docstring)."""
 
-    def __init__(self, path: str | None = None, device: str | None = None,
+    def __init__(self, path: str | None = None, no_nouns: str = "one", device: str | None = None,
                  dtype: torch.dtype | str = torch.float32, batch_size: int | None = None) -> None:
         super().__init__(device=device, dtype=dtype, batch_size=batch_size)
+        if no_nouns not in NO_NOUNS:
+            raise ValueError(f"no_nouns: got {no_nouns!r}, expected one of {', '.join(NO_NOUNS)}")
+        self.no_nouns = no_nouns
         directory = resolve(SPEC, path, kind="dir")
         require_files(SPEC, directory, ["preprocessor_config.json", ("tokenizer.json", "vocab.txt")])
         from transformers import AutoTokenizer, GitForCausalLM  # the rewards extra; needed from here on
@@ -56,9 +68,10 @@ class GitVQAReward(Reward):
 
     def score(self, images: torch.Tensor, prompts: list[str], metadata: Metadata) -> torch.Tensor:
         items = [CompBenchItem.from_metadata(m, i) for i, m in enumerate(metadata)]
-        asked = [questions_for(item, prompt) for item, prompt in zip(items, prompts)]
+        asked = [questions_for(item, prompt, self.no_nouns) for item, prompt in zip(items, prompts)]
         rows = [(i, q) for i, qs in enumerate(asked) if qs for q in qs]
-        scores = torch.zeros(len(prompts), device=self.device)
+        # unscored tasks 0, nothing to ask 1; asked images are overwritten with their mean below
+        scores = torch.tensor([0.0 if qs is None else 1.0 for qs in asked], device=self.device)
         if not rows:
             return scores
         image_index = torch.tensor([i for i, _ in rows], device=self.device)

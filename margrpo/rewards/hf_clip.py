@@ -6,6 +6,7 @@ Needs transformers (imported when a reward is built).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -28,8 +29,13 @@ class HFClip:
                  device: torch.device, dtype: torch.dtype) -> None:
         from transformers import AutoTokenizer, CLIPModel
 
+        # the processor files' option: processor_path when given, else path (where they may be missing)
+        processor_spec = replace(spec, option="processor_path" if processor_directory else
+                                 f"{spec.option} (or processor_path, a directory with the tokenizer files and "
+                                 f"preprocessor_config.json)")
         processor_directory = processor_directory or directory
-        require_files(spec, processor_directory, ["preprocessor_config.json", ("tokenizer.json", "vocab.json")])
+        require_files(processor_spec, processor_directory,
+                      ["preprocessor_config.json", ("tokenizer.json", "vocab.json")])
         self.model = load_hf_model(spec, CLIPModel, directory).to(device, dtype)
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(str(processor_directory), local_files_only=True)
@@ -46,9 +52,16 @@ class HFClip:
         pixels = self.transform(images, self.dtype)
         return F.normalize(_pooled(self.model.get_image_features(pixel_values=pixels)).float(), dim=-1)
 
-    def text_embeddings(self, prompts: list[str]) -> torch.Tensor:
-        """prompts -> L2-normalised float32 [B, D] (truncated to the text model's context)."""
-        tokens = self.tokenizer(prompts, padding=True, truncation=True, max_length=self.max_length,
-                                return_tensors="pt").to(self.device)
-        output = self.model.get_text_features(input_ids=tokens["input_ids"], attention_mask=tokens["attention_mask"])
+    def text_embeddings(self, prompts: list[str], cut_after_tokenizing: bool = False) -> torch.Tensor:
+        """prompts -> L2-normalised float32 [B, D], truncated to the text model's context: by the
+        tokenizer (which keeps the end token), or with cut_after_tokenizing by slicing the token ids
+        as torchmetrics does (a prompt longer than the context then loses its end token)."""
+        if cut_after_tokenizing:
+            tokens = self.tokenizer(prompts, padding=True, return_tensors="pt")
+            tokens = {k: v[:, :self.max_length] for k, v in tokens.items()}
+        else:
+            tokens = self.tokenizer(prompts, padding=True, truncation=True, max_length=self.max_length,
+                                    return_tensors="pt")
+        input_ids, mask = tokens["input_ids"].to(self.device), tokens["attention_mask"].to(self.device)
+        output = self.model.get_text_features(input_ids=input_ids, attention_mask=mask)
         return F.normalize(_pooled(output).float(), dim=-1)

@@ -1,8 +1,11 @@
 """Human Preference Score v2 / v2.1: an OpenCLIP ViT-H-14 fine-tuned on human preferences.
 
 Score = cosine similarity of the image and prompt embeddings (about 0.2-0.35; papers report x100).
-Preprocessing: bicubic resize of the shortest edge to 224, center crop, CLIP mean/std (the
-open_clip validation transform). Weights: HPS_v2.1_compressed.pt / HPS_v2_compressed.pt, an
+Preprocessing (default preprocess='letterbox', as hpsv2.score and the MAR-GRPO reference do: hpsv2
+builds its model with light_augmentation=True): bicubic resize of the long edge to 224 on the float
+image, black padding to a centred square, CLIP mean/std. preprocess='center_crop' gives open_clip's
+validation transform instead (shortest edge to 224, center crop), which crops non-square images;
+square images score the same either way. Weights: HPS_v2.1_compressed.pt / HPS_v2_compressed.pt, an
 open_clip state dict under 'state_dict', loaded strictly so a wrong file cannot go unnoticed.
 Needs open-clip-torch (imported when the reward is built).
 """
@@ -21,6 +24,7 @@ from .weights import WeightsSpec, load_exact, read_state_dict, resolve
 
 SOURCE = "https://huggingface.co/xswu/HPSv2 (files HPS_v2.1_compressed.pt, HPS_v2_compressed.pt)"
 FILES = {"2.1": "HPS_v2.1_compressed.pt", "2.0": "HPS_v2_compressed.pt"}
+PREPROCESS = {"letterbox": ImageTransform.clip_letterbox, "center_crop": ImageTransform.clip}
 
 
 def weights_spec(version: str) -> WeightsSpec:
@@ -58,14 +62,17 @@ class HPSReward(Reward):
         path: checkpoint file; default $MARGRPO_WEIGHTS_DIR/hps/HPS_v2.1_compressed.pt (or v2 name).
         version: '2.1' or '2.0' (picks the default file name; the architecture is the same).
         architecture: open_clip model name, or a JSON model config (tests, benchmarks).
+        preprocess: 'letterbox' (hpsv2.score's transform, default) or 'center_crop' (see above).
     """
 
     def __init__(self, path: str | None = None, version: str = "2.1", architecture: str = "ViT-H-14",
-                 device: str | None = None, dtype: torch.dtype | str = torch.float32,
-                 batch_size: int | None = None) -> None:
+                 preprocess: str = "letterbox", device: str | None = None,
+                 dtype: torch.dtype | str = torch.float32, batch_size: int | None = None) -> None:
         super().__init__(device=device, dtype=dtype, batch_size=batch_size)
         if version not in FILES:
             raise ValueError(f"version: got {version!r}, expected one of {', '.join(FILES)}")
+        if preprocess not in PREPROCESS:
+            raise ValueError(f"preprocess: got {preprocess!r}, expected one of {', '.join(PREPROCESS)}")
         spec = weights_spec(version)
         checkpoint = resolve(spec, path)
         state = read_state_dict(spec, checkpoint)
@@ -76,7 +83,7 @@ class HPSReward(Reward):
 
         self.tokenizer = SimpleTokenizer(context_length=cfg["text_cfg"].get("context_length", 77))
         size = cfg["vision_cfg"].get("image_size", 224)
-        self.transform = ImageTransform.clip(size if isinstance(size, int) else size[0])
+        self.transform = PREPROCESS[preprocess](size if isinstance(size, int) else size[0])
 
     def score(self, images: torch.Tensor, prompts: list[str], metadata: Metadata) -> torch.Tensor:
         pixels = self.transform(images, self.dtype)

@@ -1,7 +1,9 @@
 """ImageReward (Xu et al.): BLIP image-text fusion + a score MLP trained on human preferences.
 
 The network is rebuilt from library parts with the checkpoint's key names, so ImageReward.pt
-loads strictly without the image-reward package (which pins old timm/fairscale):
+loads without the image-reward package (which pins old timm/fairscale). Like the official loader
+it loads non-strictly, but it names every key it skips in a warning, and refuses a file that lacks
+a tensor of the image encoder, the text encoder or the score head:
   blip.visual_encoder  BLIP's ViT (timm VisionTransformer keys; ViT-L/16 at 224 px)
   blip.text_encoder    BERT with cross-attention to the image tokens (transformers BlipTextModel,
                        whose layers carry the same names as BLIP's med.py)
@@ -25,7 +27,7 @@ from .base import Metadata, Reward
 from .mlp_head import ScoreMLP
 from .preprocess import ImageTransform
 from .registry import register
-from .weights import CorruptWeightsError, WeightsSpec, load_exact, read_state_dict, require_files, resolve
+from .weights import CorruptWeightsError, WeightsSpec, load_reporting, read_state_dict, require_files, resolve
 
 SPEC = WeightsSpec(
     "image_reward", "image_reward",
@@ -37,6 +39,7 @@ SCORE_MEAN, SCORE_STD = 0.16717362830052426, 1.0333394966054072
 MAX_PROMPT_TOKENS = 35
 HEAD_DIM = 64  # BLIP's ViTs use 64-dim attention heads (ViT-B: 12 x 64, ViT-L: 16 x 64)
 _IGNORED = ("blip.text_encoder.embeddings.position_ids",)  # a buffer in med.py, recomputed here
+ESSENTIAL = ("blip.visual_encoder.", "blip.text_encoder.", "mlp.")  # what the score is computed from
 
 
 def vit_shape(state: dict[str, torch.Tensor], prefix: str = "blip.visual_encoder.") -> dict[str, int]:
@@ -105,7 +108,7 @@ class ImageReward(Reward):
         state = read_state_dict(SPEC, directory / "ImageReward.pt")
         med_config = json.loads((directory / "med_config.json").read_text())
         net = ImageRewardNet(vit_shape(state), med_config)
-        load_exact(SPEC, net, state, directory / "ImageReward.pt", ignore_prefixes=_IGNORED)
+        load_reporting(SPEC, net, state, directory / "ImageReward.pt", ESSENTIAL, ignore_prefixes=_IGNORED)
         self.net = net.to(self.device, self.dtype).eval().requires_grad_(False)
         self.net.mlp.float()  # the head is tiny and was evaluated in fp32 by the release
         from transformers import BertTokenizer

@@ -1,9 +1,15 @@
 """Batched tensor versions of the image transforms reward models were trained with.
 
-The published transforms work on one PIL image at a time (resize the shortest edge, center crop,
-scale to [0, 1], normalize). Doing the same on a [B, 3, H, W] tensor on the reward's device avoids a
-round trip through PIL per image. Resizing uses antialiased interpolation, which follows PIL's
-filters when shrinking; results match the PIL pipelines to within uint8 rounding (see tests).
+Two published families, both redone on a [B, 3, H, W] tensor on the reward's device (no round trip
+through PIL per image):
+  - shortest edge + center crop (CLIP, BLIP, the Hugging Face image processors): the published
+    transforms resize a PIL image, so results match them to within uint8 rounding (see tests);
+    bicubic overshoot is clamped to [0, 1] as PIL saturates it.
+  - letterbox (hpsv2's ResizeMaxSize, used by hpsv2.score and the MAR-GRPO HPS reward): the long
+    edge is resized to `size` on the float tensor (no rounding, no clamp), then the image is padded
+    with black to a centred square.
+Resizing uses antialiased interpolation, which follows PIL's filters when shrinking and is what
+torchvision applies to tensors.
 """
 from __future__ import annotations
 
@@ -42,10 +48,28 @@ def center_crop(images: torch.Tensor, height: int, width: int) -> torch.Tensor:
     return images[..., top:top + height, left:left + width]
 
 
+def resize_long_edge_and_pad(images: torch.Tensor, size: int, mode: str = "bicubic") -> torch.Tensor:
+    """Resize the long edge to `size` (short edge round()ed, keeping the aspect ratio) and pad with
+    zeros to size x size, the image centred (odd padding: the extra pixel right / bottom).
+
+    hpsv2's ResizeMaxSize leaves an image whose long edge is already `size` unpadded, which its
+    square ViT then rejects unless the image is square; here every output is square."""
+    h, w = images.shape[-2:]
+    scale = size / max(h, w)
+    out_h, out_w = round(h * scale), round(w * scale)
+    x = images
+    if (out_h, out_w) != (h, w):
+        x = F.interpolate(x, size=(out_h, out_w), mode=mode, align_corners=False, antialias=True)
+    pad_h, pad_w = size - out_h, size - out_w
+    return F.pad(x, (pad_w // 2, pad_w - pad_w // 2, pad_h // 2, pad_h - pad_h // 2))
+
+
 @dataclass(frozen=True)
 class ImageTransform:
     """Resize the shortest edge to `size` (long edge capped at `max_size`), optionally center crop
-    to `crop` (height, width), then normalize with mean/std. Input float [B, 3, H, W] in [0, 1]."""
+    to `crop` (height, width), then normalize with mean/std. With `letterbox`, instead resize the
+    long edge to `size` and pad to a square (see `resize_long_edge_and_pad`; crop and max_size must be None).
+    Input float [B, 3, H, W] in [0, 1]."""
 
     size: int
     crop: tuple[int, int] | None
@@ -53,16 +77,25 @@ class ImageTransform:
     std: tuple[float, float, float]
     mode: str = "bicubic"
     max_size: int | None = None
+    letterbox: bool = False
+
+    def __post_init__(self) -> None:
+        if self.letterbox and (self.crop is not None or self.max_size is not None):
+            raise ValueError(f"ImageTransform: letterbox pads to {self.size}x{self.size}; got crop={self.crop}, "
+                             f"max_size={self.max_size}, expected None for both")
 
     def __call__(self, images: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-        h, w = images.shape[-2:]
-        out_hw = resized_hw(h, w, self.size, self.max_size)
         x = images.float()
-        if out_hw != (h, w):
-            x = F.interpolate(x, size=out_hw, mode=self.mode, align_corners=False, antialias=True)
-            x = x.clamp_(0.0, 1.0)  # PIL saturates cubic overshoot at the uint8 range
-        if self.crop is not None:
-            x = center_crop(x, *self.crop)
+        if self.letterbox:
+            x = resize_long_edge_and_pad(x, self.size, self.mode)
+        else:
+            h, w = images.shape[-2:]
+            out_hw = resized_hw(h, w, self.size, self.max_size)
+            if out_hw != (h, w):
+                x = F.interpolate(x, size=out_hw, mode=self.mode, align_corners=False, antialias=True)
+                x = x.clamp_(0.0, 1.0)  # PIL saturates cubic overshoot at the uint8 range
+            if self.crop is not None:
+                x = center_crop(x, *self.crop)
         mean = torch.tensor(self.mean, device=x.device).view(1, 3, 1, 1)
         std = torch.tensor(self.std, device=x.device).view(1, 3, 1, 1)
         x = (x - mean) / std
@@ -72,6 +105,11 @@ class ImageTransform:
     def clip(cls, size: int = 224) -> "ImageTransform":
         """OpenAI CLIP's transform: bicubic shortest-edge resize, center crop, CLIP mean/std."""
         return cls(size=size, crop=(size, size), mean=CLIP_MEAN, std=CLIP_STD, mode="bicubic")
+
+    @classmethod
+    def clip_letterbox(cls, size: int = 224) -> "ImageTransform":
+        """hpsv2's transform: bicubic long-edge resize, black padding to a square, CLIP mean/std."""
+        return cls(size=size, crop=None, mean=CLIP_MEAN, std=CLIP_STD, mode="bicubic", letterbox=True)
 
     @classmethod
     def from_hf_config(cls, path: str | Path) -> "ImageTransform":

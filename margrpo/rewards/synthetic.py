@@ -139,8 +139,17 @@ def write_image_reward(root: Path, size: str = "tiny") -> dict:
     torch.manual_seed(2)
     net = ImageRewardNet(vit, med)
     with torch.no_grad():
-        for p in net.parameters():  # timm zero-initialises tokens and biases: make every tensor matter
-            p.normal_(std=0.2 if size == "tiny" else 0.02)
+        # timm zero-initialises tokens and biases: make every tensor matter. LayerNorm scales stay near 1
+        # and the score head keeps unit gain, so the score spreads with the image and the prompt
+        std = 0.2 if size == "tiny" else 0.02
+        norms = {f"{name}.weight" for name, m in net.named_modules() if isinstance(m, torch.nn.LayerNorm)}
+        for name, p in net.named_parameters():
+            if name in norms:
+                p.normal_(mean=1.0, std=0.1)
+            elif name.startswith("mlp.") and p.dim() == 2:
+                p.normal_(std=p.shape[1] ** -0.5)
+            else:
+                p.normal_(std=std)
     state = net.state_dict()
     positions = med["max_position_embeddings"]
     state["blip.text_encoder.embeddings.position_ids"] = torch.arange(positions).expand(1, -1)  # med.py keeps it
