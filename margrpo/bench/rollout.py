@@ -31,14 +31,13 @@ import sys
 import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 from torch import nn
 
 from margrpo.bench.denoise import CASES, build, make_sampler, time_ms
 from margrpo.bench.machine import machine_description, split_choices
-from margrpo.heads import reinit_zero_layers_
+from margrpo.checkpoints import resolve_checkpoint
 from margrpo.heads.reference import eager_multi_seed_denoise
 from margrpo.models.base import PromptBatch
 from margrpo.rollout import RolloutConfig, effective_steps, generate, group_seeds, mask_schedule
@@ -46,7 +45,7 @@ from margrpo.rollout.guidance import forward_rows, guidance_for, head_condition,
 
 MODELS = ("tiny", "nova", "harmon")
 PATHS = ("fused", "per-seed", "reference")
-TINY_CHECKPOINT = Path("checkpoints/shapes-tiny")
+TINY_CHECKPOINT = "builtin:shapes-tiny"
 
 
 class StandInBackbone(nn.Module):
@@ -105,11 +104,7 @@ def make_setup(model: str, device: torch.device, dtype: torch.dtype, tokens: int
     if model == "tiny":
         from margrpo.models import TinyMAR
 
-        backbone = TinyMAR.load(TINY_CHECKPOINT) if (TINY_CHECKPOINT / "config.json").exists() else TinyMAR()
-        if not (TINY_CHECKPOINT / "config.json").exists():
-            with torch.no_grad():
-                reinit_zero_layers_(backbone.head)
-        backbone = backbone.to(device).eval()
+        backbone = TinyMAR.load(resolve_checkpoint(TINY_CHECKPOINT)).to(device).eval()
         config = RolloutConfig(num_mask_steps=mask_steps, schedule="harmon", cfg_scale=3.0, num_seeds=3, **record)
         prompts = ("a red square", "two blue circles", "a green triangle left of a yellow circle")
         return Setup(backbone, backbone.make_sampler(diffusion_steps), config, prompts)

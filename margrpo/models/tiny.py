@@ -324,3 +324,8 @@ class TinyMAR(nn.Module):
         if problems:
             raise ValueError("tiny MAR checkpoint does not fit the model: " + " | ".join(problems))
         self.load_state_dict(state, strict=True)
+
+
+def load(checkpoint: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> TinyMAR:
+    """The loader of `backbone.name: tiny` (margrpo.models.registry): TinyMAR.load on `device`, cast to `dtype`."""
+    return TinyMAR.load(checkpoint, map_location=device).to(dtype)
