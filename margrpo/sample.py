@@ -41,13 +41,7 @@ class SampleConfig:
 
     def rollout_config(self) -> RolloutConfig:
         """These settings as a RolloutConfig that records nothing for a likelihood."""
-        return generation_only(RolloutConfig(**dataclasses.asdict(self)))
-
-
-def generation_only(config: RolloutConfig) -> RolloutConfig:
-    """The same generation settings with every recording option off (no seeds, no likelihood)."""
-    return dataclasses.replace(config, num_seeds=0, record_mask_steps=0, record_diffusion_steps=1,
-                               likelihood_positions="revealed")
+        return RolloutConfig(**dataclasses.asdict(self)).generation_only()
 
 
 @torch.no_grad()
@@ -60,7 +54,7 @@ def generate_images(
     if len(prompts) != len(seeds):
         raise ValueError(f"seeds: got {len(seeds)} seeds for {len(prompts)} prompts, expected one per prompt")
     sampler = model.make_sampler() if sampler is None else sampler
-    config = generation_only(config)
+    config = config.generation_only()
     chunks = []
     for start in range(0, len(prompts), batch_size):
         stop = start + batch_size
