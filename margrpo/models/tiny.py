@@ -5,7 +5,7 @@
     learned mask token where unknown; learned position embeddings for both parts (image positions
     start as a 2D sin-cos code), optionally a learned 2D relative attention bias between image tokens
     (TinyMARConfig.relative_position_bias; off in the shipped checkpoint, see
-    checkpoints/shapes-tiny/README.md: it lifts the held-out verifier score from 0.30 to 0.51, but 20
+    margrpo/checkpoints/shapes-tiny/README.md: it lifts the held-out verifier score from 0.30 to 0.51, but 20
     CPU GRPO steps no longer move that stronger model measurably).
     z --SimpleMLPAdaLN (margrpo.heads)--> a token, by a DDPM chain (make_sampler()).
 
