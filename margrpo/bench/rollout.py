@@ -37,7 +37,6 @@ from torch import nn
 
 from margrpo.bench.denoise import CASES, build, make_sampler, time_ms
 from margrpo.bench.machine import machine_description, split_choices
-from margrpo.checkpoints import resolve_checkpoint
 from margrpo.heads.reference import eager_multi_seed_denoise
 from margrpo.models.base import PromptBatch
 from margrpo.rollout import RolloutConfig, effective_steps, generate, group_seeds, mask_schedule
@@ -45,7 +44,6 @@ from margrpo.rollout.guidance import forward_rows, guidance_for, head_condition,
 
 MODELS = ("tiny", "nova", "harmon")
 PATHS = ("fused", "per-seed", "reference")
-TINY_CHECKPOINT = "builtin:shapes-tiny"
 
 
 class StandInBackbone(nn.Module):
@@ -102,9 +100,9 @@ def make_setup(model: str, device: torch.device, dtype: torch.dtype, tokens: int
     """The backbone, sampler and rollout config of a benchmark model."""
     record = dict(record_mask_steps=min(12, mask_steps - 1), record_diffusion_steps=min(10, diffusion_steps - 1))
     if model == "tiny":
-        from margrpo.models import TinyMAR
+        from margrpo.models import BackboneConfig, load_backbone
 
-        backbone = TinyMAR.load(resolve_checkpoint(TINY_CHECKPOINT)).to(device).eval()
+        backbone = load_backbone(BackboneConfig(), device)  # the shipped shapes-tiny model
         config = RolloutConfig(num_mask_steps=mask_steps, schedule="harmon", cfg_scale=3.0, num_seeds=3, **record)
         prompts = ("a red square", "two blue circles", "a green triangle left of a yellow circle")
         return Setup(backbone, backbone.make_sampler(diffusion_steps), config, prompts)

@@ -11,6 +11,8 @@ from typing import Any, Literal, Optional
 
 from margrpo.config import ConfigError
 
+from .registry import available_backbones
+
 MOVED_MODEL_KEYS = {"kind": "backbone.name", "path": "backbone.checkpoint", "arch": "pretrain.arch"}
 
 
@@ -27,8 +29,6 @@ class BackboneConfig:
     options: dict[str, Any] = field(default_factory=dict)  # model-specific load() flags (e.g. parity forwards)
 
     def __post_init__(self) -> None:
-        from .registry import available_backbones
-
         if self.name not in available_backbones():
             raise ValueError(f"name: got {self.name!r}, expected a registered backbone: {', '.join(available_backbones())}")
 
