@@ -130,8 +130,9 @@ def test_mar_layout_multi_seed_equals_own_head_and_the_module_loop(guided):
     cfg, sampler = (Guidance(3.0, channels="eps") if guided else None), mar_sampler(T)
     z, noise = _inputs(5, 3, guided, seed=2)
     record = (0, 2, 3)
-    fused = multi_seed_denoise(adapt(foreign), z, sampler, 3, cfg=cfg, noise=noise, record_steps=record, backend="torch")
-    _assert_same(fused, multi_seed_denoise(own, z, sampler, 3, cfg=cfg, noise=noise, record_steps=record, backend="torch"))
+    settings = dict(cfg=cfg, noise=noise, record_steps=record, backend="torch")
+    fused = multi_seed_denoise(adapt(foreign), z, sampler, 3, **settings)
+    _assert_same(fused, multi_seed_denoise(own, z, sampler, 3, **settings))
     # the module's own forward, one chain and one step at a time
     _assert_same(fused, eager_multi_seed_denoise(foreign, z, sampler, 3, noise, cfg=cfg, record_steps=record))
 

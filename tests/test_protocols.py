@@ -31,7 +31,8 @@ def nova_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def harmon_dir(tmp_path_factory) -> Path:
-    return harmon.save_pretrained(harmon.build("harmon-tiny", seed=2), tmp_path_factory.mktemp("harmon") / "harmon-tiny")
+    model = harmon.build("harmon-tiny", seed=2)
+    return harmon.save_pretrained(model, tmp_path_factory.mktemp("harmon") / "harmon-tiny")
 
 
 @pytest.fixture(scope="module")
@@ -168,4 +169,4 @@ def test_sample_and_eval_run_every_backbone(name, tmp_path, capsys, nova_dir, ha
 
     assert evaluate.main(["--config", str(config)]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
-    assert line.startswith("heldout/reward=") and 0 <= float(line.split("=")[1]) <= 1, line
+    assert line.startswith("heldout/reward=") and float(line.split("=")[1]) > 0, line  # JPEG size: positive

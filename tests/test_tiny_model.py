@@ -204,7 +204,8 @@ def test_pretrain_cli_writes_a_loadable_checkpoint_and_metrics(tmp_path):
     config = tmp_path / "tiny.yaml"
     config.write_text(json.dumps({  # JSON is YAML
         "backbone": {"name": "tiny", "checkpoint": str(tmp_path / "model")},
-        "pretrain": {"arch": dataclasses.asdict(SMALL), "steps": 3, "batch_size": 4, "warmup_steps": 1, "eval_every": 2, "eval_per_category": 1,
+        "pretrain": {"arch": dataclasses.asdict(SMALL), "steps": 3, "batch_size": 4,
+                     "warmup_steps": 1, "eval_every": 2, "eval_per_category": 1,
                      "final_eval_per_category": 1, "sampling": {"num_mask_steps": 4, "cfg_scale": 2.0}},
         "rollout": {"num_mask_steps": 8},  # another job's section: ignored here
     }))

@@ -25,7 +25,8 @@ from .nova_head import NOVA_SIZES, DiffusionMLP, nova_head, patchify, unpatchify
 from .weights import head_from_state_dict, load_head_state_dict, reinit_zero_layers_, strip_prefix
 
 __all__ = [
-    "DiffusionHead", "ForwardHead", "MARLayoutHead", "adapt", "has_mar_layout", "Guidance", "GraphedMultiSeed", "Modulation", "MAR_SIZES", "SimpleMLPAdaLN", "mar_head", "MultiSeedSamples", "denoise_logprob",
+    "DiffusionHead", "ForwardHead", "MARLayoutHead", "adapt", "has_mar_layout",
+    "Guidance", "GraphedMultiSeed", "Modulation", "MAR_SIZES", "SimpleMLPAdaLN", "mar_head", "MultiSeedSamples", "denoise_logprob",
     "guided_output", "multi_seed_denoise", "run_chains", "CounterNoise", "counter_normal", "NOVA_SIZES", "DiffusionMLP",
     "nova_head", "patchify", "unpatchify", "head_from_state_dict", "load_head_state_dict",
     "reinit_zero_layers_", "strip_prefix",

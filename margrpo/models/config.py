@@ -30,7 +30,8 @@ class BackboneConfig:
 
     def __post_init__(self) -> None:
         if self.name not in available_backbones():
-            raise ValueError(f"name: got {self.name!r}, expected a registered backbone: {', '.join(available_backbones())}")
+            registered = ", ".join(available_backbones())
+            raise ValueError(f"name: got {self.name!r}, expected a registered backbone: {registered}")
 
 
 def check_no_model_section(data: dict) -> None:

@@ -67,4 +67,5 @@ def load_backbone(config: BackboneConfig, device: str | torch.device = "cpu") ->
     """The backbone `config` names, from its checkpoint, on `device` ("auto" allowed), in eval mode."""
     loader = backbone_loader(config.name)
     checkpoint = resolve_checkpoint(config.checkpoint)
-    return loader(checkpoint, device=resolve_device(device), dtype=getattr(torch, config.dtype), **config.options).eval()
+    dtype = getattr(torch, config.dtype)
+    return loader(checkpoint, device=resolve_device(device), dtype=dtype, **config.options).eval()

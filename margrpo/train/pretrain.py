@@ -147,7 +147,7 @@ def heldout_eval(model: TinyMAR, per_category: int, sampling: SampleConfig) -> d
 def output_dir(backbone: BackboneConfig, config: PretrainConfig) -> Path:
     """Where pretraining writes: pretrain.out, else backbone.checkpoint (never a shipped checkpoint)."""
     if backbone.name != "tiny":
-        raise ValueError(f"backbone.name: got {backbone.name!r}, expected 'tiny' (margrpo pretrain trains the tiny MAR)")
+        raise ValueError(f"backbone.name: got {backbone.name!r}, expected 'tiny' (pretraining builds the tiny MAR)")
     if config.out is not None:
         return Path(config.out)
     if is_builtin(backbone.checkpoint):
