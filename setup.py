@@ -62,5 +62,6 @@ def _extensions():
 
 
 ext_modules, cmdclass = _extensions()
-setup(packages=PACKAGES, package_dir=PACKAGE_DIR, package_data={"margrpo.testbed": ["prompts/*.txt"]},
-      ext_modules=ext_modules, cmdclass=cmdclass)
+# data read at run time: the prompt splits and the shipped checkpoints (margrpo.checkpoints)
+PACKAGE_DATA = {"margrpo.testbed": ["prompts/*.txt"], "margrpo.checkpoints": ["*/*"]}
+setup(packages=PACKAGES, package_dir=PACKAGE_DIR, package_data=PACKAGE_DATA, ext_modules=ext_modules, cmdclass=cmdclass)

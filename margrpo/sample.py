@@ -2,7 +2,8 @@
 
     margrpo sample --config configs/shapes-tiny.yaml --prompts FILE --out DIR [key=value ...]
 
-The checkpoint is --checkpoint, else the config's `model.path`. Generation settings (mask steps,
+The backbone is the config's `backbone:` section (any registered family: tiny, nova, harmon), its
+checkpoint --checkpoint when given. Generation settings (mask steps,
 schedule, guidance, temperature) come from the config's `rollout:` section when it has one (the GRPO
 run's settings; nothing is recorded here), else from `pretrain.sampling` (SampleConfig, the settings
 of the pretraining evals). Writes DIR/NNN.png per prompt (a row of samples under the prompt as
@@ -21,7 +22,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from margrpo.config import apply_overrides, from_dict, load_yaml
-from margrpo.models import MARBackbone, ModelConfig, load_model
+from margrpo.models import BackboneConfig, MARBackbone, check_no_model_section, load_backbone
 from margrpo.rollout import RolloutConfig, generate
 
 CAPTION_HEIGHT = 14  # pixels of caption strip above each row (PIL's default bitmap font is ~11 px)
@@ -40,25 +41,20 @@ class SampleConfig:
 
     def rollout_config(self) -> RolloutConfig:
         """These settings as a RolloutConfig that records nothing for a likelihood."""
-        return generation_only(RolloutConfig(**dataclasses.asdict(self)))
-
-
-def generation_only(config: RolloutConfig) -> RolloutConfig:
-    """The same generation settings with every recording option off (no seeds, no likelihood)."""
-    return dataclasses.replace(config, num_seeds=0, record_mask_steps=0, record_diffusion_steps=1,
-                               likelihood_positions="revealed")
+        return RolloutConfig(**dataclasses.asdict(self)).generation_only()
 
 
 @torch.no_grad()
 def generate_images(
-    model: MARBackbone, prompts: list[str], config: RolloutConfig, seeds: list[int], batch_size: int = 32
+    model: MARBackbone, prompts: list[str], config: RolloutConfig, seeds: list[int], batch_size: int = 32,
+    sampler=None,
 ) -> torch.Tensor:
     """float [B, 3, H, W] in [0, 1]: one image per (prompt, seed) with margrpo.rollout.generate,
-    `batch_size` images per call; the model's default diffusion sampler (TinyMAR.make_sampler)."""
+    `batch_size` images per call; `sampler` defaults to the model's own (model.make_sampler())."""
     if len(prompts) != len(seeds):
         raise ValueError(f"seeds: got {len(seeds)} seeds for {len(prompts)} prompts, expected one per prompt")
-    sampler = model.make_sampler()
-    config = generation_only(config)
+    sampler = model.make_sampler() if sampler is None else sampler
+    config = config.generation_only()
     chunks = []
     for start in range(0, len(prompts), batch_size):
         stop = start + batch_size
@@ -114,10 +110,11 @@ def _shapes_summary(images: torch.Tensor, prompts: list[str]) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     """`margrpo sample --config FILE --prompts FILE --out DIR [...]` (see the module docstring)."""
     parser = argparse.ArgumentParser(prog="margrpo sample", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", required=True, help="YAML config (model:, and rollout: or pretrain.sampling)")
+    parser.add_argument("--config", required=True, help="YAML config (backbone:, and rollout: or pretrain.sampling)")
     parser.add_argument("--prompts", required=True, help="text file, one prompt per line")
     parser.add_argument("--out", required=True, help="output directory for the PNG grids")
-    parser.add_argument("--checkpoint", help="checkpoint directory (default: the config's model.path)")
+    parser.add_argument("--checkpoint", help="checkpoint directory (default: the config's backbone.checkpoint)")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, ... (default auto: cuda when available)")
     parser.add_argument("--per-prompt", type=int, default=4, help="images per prompt (default 4)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the first image; image i uses seed + i")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. rollout.cfg_scale=2")
@@ -126,22 +123,23 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--per-prompt: got {args.per_prompt}, expected >= 1")
 
     data = apply_overrides(load_yaml(args.config), args.overrides)
+    check_no_model_section(data)
     prompts = read_prompts(args.prompts)
-    model_config = from_dict(ModelConfig, data.get("model", {}), "model")
+    backbone = from_dict(BackboneConfig, data.get("backbone", {}), "backbone")
     if args.checkpoint:
-        model_config.path = args.checkpoint
+        backbone.checkpoint = args.checkpoint
     if "rollout" in data:
         config, source = from_dict(RolloutConfig, data["rollout"], "rollout"), "rollout"
     else:
         sampling = data.get("pretrain", {}).get("sampling", {})
         config, source = from_dict(SampleConfig, sampling, "pretrain.sampling").rollout_config(), "pretrain.sampling"
-    model = load_model(model_config)
-    print(f"sampling {model_config.path} with the {source} settings")
+    model = load_backbone(backbone, args.device)
+    print(f"sampling {backbone.name} {backbone.checkpoint} with the {source} settings")
 
     per = args.per_prompt
     repeated = [prompt for prompt in prompts for _ in range(per)]
     seeds = [args.seed + i for i in range(len(repeated))]
-    images = generate_images(model, repeated, config, seeds)
+    images = generate_images(model, repeated, config, seeds, sampler=model.make_sampler(backbone.diffusion_steps)).cpu()
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ from margrpo.rollout import generate
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "shapes-tiny.yaml"
-TINY = [f"backbone.checkpoint={ROOT / 'checkpoints' / 'shapes-tiny'}", "grpo.prompts_per_step=1", "grpo.group_size=2",
+TINY = ["backbone.checkpoint=builtin:shapes-tiny", "grpo.prompts_per_step=1", "grpo.group_size=2",
         "rollout.num_mask_steps=4", "backbone.diffusion_steps=4", "rollout.record_mask_steps=2",
         "rollout.record_diffusion_steps=2"]
 COLUMNS = ("rollout", "reward", "train", "total")

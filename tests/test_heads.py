@@ -154,7 +154,7 @@ def test_registered_sizes():
     with torch.device("meta"):  # shapes only: no time spent initialising 150 M parameters
         h, b, n = mar_head("mar_h"), mar_head("mar_b", learn_sigma=False), nova_head("d3w1280", cond_dim=1024)
     assert (h.num_res_blocks, h.model_channels, h.z_channels, h.out_channels) == (12, 1536, 1280, 32)
-    assert 140e6 < sum(p.numel() for p in h.parameters()) < 160e6  # REFERENCE: Harmon head ~151 M
+    assert 140e6 < sum(p.numel() for p in h.parameters()) < 160e6  # the Harmon-1.5B head: about 151 M
     assert b.out_channels == 16
     assert (n.depth, n.embed_dim, n.in_channels) == (3, 1280, 16)
     with pytest.raises(ValueError, match="size"):

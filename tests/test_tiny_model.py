@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from margrpo.heads import reinit_zero_layers_
-from margrpo.models import MARBackbone, ModelConfig, TinyMAR, TinyMARConfig, load_model
+from margrpo.models import BackboneConfig, MARBackbone, TinyMAR, TinyMARConfig, load_backbone
 from margrpo.models.tiny import RelativePositionBias
 from margrpo.sample import SampleConfig, generate_images
 from margrpo.sample import main as sample_main
@@ -20,7 +20,6 @@ from margrpo.testbed import balanced_prompts, evaluate, render_batch
 from margrpo.train import pretrain
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = ROOT / "checkpoints" / "shapes-tiny"
 SMALL = TinyMARConfig(width=32, depth=1, num_heads=2, head_width=32, head_depth=1, diffusion_steps=4,
                       relative_position_bias=True)
 
@@ -204,13 +203,14 @@ def test_diffusion_loss_trains_transformer_and_head():
 def test_pretrain_cli_writes_a_loadable_checkpoint_and_metrics(tmp_path):
     config = tmp_path / "tiny.yaml"
     config.write_text(json.dumps({  # JSON is YAML
-        "model": {"kind": "tiny", "path": str(tmp_path / "model"), "arch": dataclasses.asdict(SMALL)},
-        "pretrain": {"steps": 3, "batch_size": 4, "warmup_steps": 1, "eval_every": 2, "eval_per_category": 1,
+        "backbone": {"name": "tiny", "checkpoint": str(tmp_path / "model")},
+        "pretrain": {"arch": dataclasses.asdict(SMALL), "steps": 3, "batch_size": 4,
+                     "warmup_steps": 1, "eval_every": 2, "eval_per_category": 1,
                      "final_eval_per_category": 1, "sampling": {"num_mask_steps": 4, "cfg_scale": 2.0}},
         "rollout": {"num_mask_steps": 8},  # another job's section: ignored here
     }))
     assert pretrain.main(["--config", str(config), "pretrain.lr=3e-3"]) == 0
-    model = load_model(ModelConfig(path=str(tmp_path / "model")))
+    model = load_backbone(BackboneConfig(checkpoint=str(tmp_path / "model")))
     assert model.config == SMALL
     metrics = json.loads((tmp_path / "model" / "pretrain_metrics.json").read_text())
     assert [e["step"] for e in metrics["evals"]] == [2, 3]
@@ -231,7 +231,7 @@ def test_pretrain_rejects_unknown_keys(tmp_path):
 def test_sample_cli_writes_captioned_grids(tmp_path):
     small_model().save(tmp_path / "model")
     config = tmp_path / "c.yaml"
-    config.write_text(f"model:\n  path: {tmp_path / 'model'}\npretrain:\n  sampling:\n    num_mask_steps: 4\n")
+    config.write_text(f"backbone:\n  checkpoint: {tmp_path / 'model'}\npretrain:\n  sampling:\n    num_mask_steps: 4\n")
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a red square\n\ntwo blue circles\n")
     assert sample_main(["--config", str(config), "--prompts", str(prompts), "--out", str(tmp_path / "out"),
@@ -246,7 +246,7 @@ def test_sample_cli_writes_captioned_grids(tmp_path):
 
 def test_sample_cli_rejects_an_empty_prompt_file(tmp_path):
     config = tmp_path / "c.yaml"
-    config.write_text("model:\n  path: nowhere\n")
+    config.write_text("backbone:\n  checkpoint: nowhere\n")
     empty = tmp_path / "empty.txt"
     empty.write_text("\n  \n")
     with pytest.raises(ValueError, match=r"--prompts: .*empty.txt holds no prompts"):
@@ -265,10 +265,10 @@ def test_generation_is_seeded():
 
 
 def test_shipped_checkpoint_scores_in_its_documented_band():
-    """checkpoints/shapes-tiny/README.md: 16 balanced held-out prompts, seeds 0..15, pretrain.sampling
+    """margrpo/checkpoints/shapes-tiny/README.md: 16 balanced held-out prompts, seeds 0..15, pretrain.sampling
     settings -> overall 0.372, color 0.542 when measured; the band is loose (other torch builds and
     thread counts change samples), but an untrained (~0.03) or broken model falls far outside it."""
-    model = load_model(ModelConfig(path=str(SHIPPED)))
+    model = load_backbone(BackboneConfig())  # the default: builtin:shapes-tiny
     prompts = balanced_prompts("heldout", 4)
     images = generate_images(model, prompts, SampleConfig().rollout_config(), seeds=list(range(len(prompts))))
     summary = evaluate(images, prompts)

@@ -130,7 +130,7 @@ def test_training_improves_a_toy_reward(tmp_path):
     # The shipped pretrained checkpoint: its samples follow their prompts (so redness varies within
     # a group and the reward has signal), unlike a random-init model whose samples are mostly noise.
     # Measured on three run seeds: redness 0.06 -> 0.52, 0.60, 0.22 after 8 steps.
-    trainer = make(tmp_path, ROOT / "checkpoints" / "shapes-tiny", "optim.lr=1e-3", "grpo.kl_beta=0",
+    trainer = make(tmp_path, "builtin:shapes-tiny", "optim.lr=1e-3", "grpo.kl_beta=0",
                    "grpo.prompts_per_step=4", "grpo.head=train", "rollout.num_mask_steps=8",
                    "rollout.cfg_scale=3.0", "backbone.diffusion_steps=10")
     before = _toy_reward(trainer)

@@ -31,7 +31,6 @@ import sys
 import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -47,7 +46,6 @@ from margrpo.rollout.guidance import forward_rows, guidance_for, head_condition,
 
 MODELS = ("tiny", "nova", "harmon")
 PATHS = ("fused", "per-seed", "reference")
-TINY_CHECKPOINT = Path("checkpoints/shapes-tiny")
 
 
 class StandInBackbone(nn.Module):
@@ -105,13 +103,9 @@ def make_setup(model: str, device: torch.device, dtype: torch.dtype, tokens: int
     """The backbone, sampler and rollout config of a benchmark model."""
     record = dict(record_mask_steps=min(12, mask_steps - 1), record_diffusion_steps=min(10, diffusion_steps - 1))
     if model == "tiny":
-        from margrpo.models import TinyMAR
+        from margrpo.models import BackboneConfig, load_backbone
 
-        backbone = TinyMAR.load(TINY_CHECKPOINT) if (TINY_CHECKPOINT / "config.json").exists() else TinyMAR()
-        if not (TINY_CHECKPOINT / "config.json").exists():
-            with torch.no_grad():
-                reinit_zero_layers_(backbone.head)
-        backbone = backbone.to(device).eval()
+        backbone = load_backbone(BackboneConfig(), device)  # the shipped shapes-tiny model
         config = RolloutConfig(num_mask_steps=mask_steps, schedule="harmon", cfg_scale=3.0, num_seeds=3, **record)
         prompts = ("a red square", "two blue circles", "a green triangle left of a yellow circle")
         return Setup(backbone, backbone.make_sampler(diffusion_steps), config, prompts)

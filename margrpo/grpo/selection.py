@@ -1,5 +1,5 @@
 """MAR-GRPO token selection: which tokens get the multi-trajectory expectation (uncertainty top-k) and
-which enter the policy term at a mask step (consistency-aware selection). REFERENCE.md section 4."""
+which enter the policy term at a mask step (consistency-aware selection). docs/METHOD.md section 4."""
 from __future__ import annotations
 
 import torch

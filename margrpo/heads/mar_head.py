@@ -119,39 +119,20 @@ class SimpleMLPAdaLN(nn.Module):
     # ------------------------------------------------------------------ split path
     def embed_condition(self, z: torch.Tensor) -> torch.Tensor:
         """z [*B, N, Dz] -> the step-independent part of the condition, [*B, N, W]."""
-        if z.shape[-1] != self.z_channels:
-            raise ValueError(f"z: got shape {tuple(z.shape)}, expected [..., N, {self.z_channels}]")
-        return self.cond_embed(z.to(self.cond_embed.weight.dtype))
+        return mar_embed_condition(self, z)
 
     def modulation(self, cond: torch.Tensor, t) -> Modulation:
         """cond = embed_condition(z) [*B, N, W], t a number or a tensor broadcastable against the
         leading dims of cond (e.g. [N], or [R, 1, 1] for R steps at once) -> Modulation."""
-        # a scalar t embeds to [W] and broadcasts over every token
-        y = F.silu(cond + self.time_embed(layers.as_time_tensor(t, cond.device)))
-        blocks = [tuple(b.adaLN_modulation[-1](y).chunk(3, dim=-1)) for b in self.res_blocks]
-        final = tuple(self.final_layer.adaLN_modulation[-1](y).chunk(2, dim=-1))
-        return Modulation(blocks=blocks, final=final)
+        return mar_modulation(self, cond, t)
 
     def condition(self, z: torch.Tensor, t) -> Modulation:
         """The modulation of every block for tokens with condition z [*B, N, Dz] at diffusion time t."""
         return self.modulation(self.embed_condition(z), t)
 
     def denoise(self, x: torch.Tensor, modulation: Modulation, backend: str | None = None) -> torch.Tensor:
-        """x [*L, N, C] (L: seed trajectories, broadcast against the modulation's *B) -> [*L|*B, N, out].
-
-        GEMMs through F.linear; LayerNorm+modulate and gate+residual through the fused primitives."""
-        if x.shape[-1] != self.in_channels:
-            raise ValueError(f"x: got shape {tuple(x.shape)}, expected [..., N, {self.in_channels}]")
-        kind = layers.resolve_backend(x.device, backend)
-        h = F.linear(x.to(self.input_proj.weight.dtype), self.input_proj.weight, self.input_proj.bias)
-        for block, (shift, scale, gate) in zip(self.res_blocks, modulation.blocks):
-            u = layers.ln_modulate(h, shift, scale, block.in_ln.weight, block.in_ln.bias, LN_EPS, kind)
-            u = layers.silu_(F.linear(u, block.mlp[0].weight, block.mlp[0].bias))
-            u = F.linear(u, block.mlp[2].weight, block.mlp[2].bias)
-            h = layers.gate_residual(h, u, gate, None, None, 0.0, kind)
-        shift, scale = modulation.final
-        u = layers.ln_modulate(h, shift, scale, None, None, LN_EPS, kind)
-        return F.linear(u, self.final_layer.linear.weight, self.final_layer.linear.bias)
+        """x [*L, N, C] (L: seed trajectories, broadcast against the modulation's *B) -> [*L|*B, N, out]."""
+        return mar_denoise(self, x, modulation, backend)
 
     # ------------------------------------------------------------------ official forward
     def forward(self, x: torch.Tensor, t, z: torch.Tensor) -> torch.Tensor:
@@ -176,3 +157,49 @@ def mar_head(size: str = "mar_h", token_channels: int = 16, z_channels: int | No
     depth, width, default_z = MAR_SIZES[size]
     out = token_channels * 2 if learn_sigma else token_channels
     return SimpleMLPAdaLN(token_channels, width, out, z_channels or default_z, depth)
+
+
+# ------------------------------------------------------------------ the split path on any module of this layout
+# These read the parameters of a module with SimpleMLPAdaLN's layout (time_embed.mlp, cond_embed,
+# input_proj, res_blocks[i].{in_ln, mlp, adaLN_modulation}, final_layer.{norm_final, linear,
+# adaLN_modulation}): margrpo's own class, or the original LTH14/mar module through
+# margrpo.heads.adapt. Sizes and LayerNorm settings come from the submodules themselves.
+def mar_embed_condition(layout: nn.Module, z: torch.Tensor) -> torch.Tensor:
+    """z [*B, N, Dz] -> cond_embed(z) [*B, N, W]."""
+    cond_embed = layout.cond_embed
+    if z.shape[-1] != cond_embed.in_features:
+        raise ValueError(f"z: got shape {tuple(z.shape)}, expected [..., N, {cond_embed.in_features}]")
+    return cond_embed(z.to(cond_embed.weight.dtype))
+
+
+def mar_modulation(layout: nn.Module, cond: torch.Tensor, t) -> Modulation:
+    """Every block's (shift, scale, gate) and the final (shift, scale) for cond at diffusion time t."""
+    time_mlp = layout.time_embed.mlp
+    embedded = layers.timestep_embedding(layers.as_time_tensor(t, cond.device), time_mlp[0].in_features,
+                                         time_mlp[0].weight.dtype)
+    # a scalar t embeds to [W] and broadcasts over every token
+    y = F.silu(cond + time_mlp(embedded))
+    blocks = [tuple(b.adaLN_modulation[-1](y).chunk(3, dim=-1)) for b in layout.res_blocks]
+    final = tuple(layout.final_layer.adaLN_modulation[-1](y).chunk(2, dim=-1))
+    return Modulation(blocks=blocks, final=final)
+
+
+def mar_denoise(layout: nn.Module, x: torch.Tensor, modulation: Modulation, backend: str | None = None) -> torch.Tensor:
+    """x [*L, N, C] under `modulation` -> [*L|*B, N, out]. GEMMs through F.linear; LayerNorm+modulate
+    and gate+residual through the fused primitives."""
+    proj = layout.input_proj
+    if x.shape[-1] != proj.in_features:
+        raise ValueError(f"x: got shape {tuple(x.shape)}, expected [..., N, {proj.in_features}]")
+    kind = layers.resolve_backend(x.device, backend)
+    h = F.linear(x.to(proj.weight.dtype), proj.weight, proj.bias)
+    for block, (shift, scale, gate) in zip(layout.res_blocks, modulation.blocks):
+        norm = block.in_ln
+        u = layers.ln_modulate(h, shift, scale, norm.weight, norm.bias, norm.eps, kind)
+        u = layers.silu_(F.linear(u, block.mlp[0].weight, block.mlp[0].bias))
+        u = F.linear(u, block.mlp[2].weight, block.mlp[2].bias)
+        h = layers.gate_residual(h, u, gate, None, None, 0.0, kind)
+    shift, scale = modulation.final
+    final = layout.final_layer
+    norm = final.norm_final
+    u = layers.ln_modulate(h, shift, scale, norm.weight, norm.bias, norm.eps, kind)
+    return F.linear(u, final.linear.weight, final.linear.bias)

@@ -7,11 +7,14 @@ decoding tokens to pixels.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
 from torch import nn
+
+from margrpo.heads.protocol import DiffusionHead
 
 
 @dataclass
@@ -44,11 +47,15 @@ class PromptBatch:
 
 @runtime_checkable
 class MARBackbone(Protocol):
-    """What the rollout loop and trainer need from a model. Implementations are nn.Modules."""
+    """What the rollout loop (margrpo.rollout) and the trainer need from a model. Implementations
+    are nn.Modules (the trainer also uses train/eval, named_parameters and requires_grad_)."""
 
     num_tokens: int  # N: token positions per image
     token_channels: int  # C: channels per token (the head's data width)
-    head: nn.Module  # the diffusion head (margrpo.heads), frozen during GRPO by default
+    head: DiffusionHead  # the diffusion head (an nn.Module), frozen during GRPO by default
+
+    def parameters(self, recurse: bool = True) -> Iterator[nn.Parameter]:
+        """The rollout reads the device and float dtype from the first parameter."""
 
     def encode_prompts(self, prompts: list[str]) -> PromptBatch:
         """Text -> PromptBatch. Unknown words / empty prompts raise ValueError naming them."""

@@ -5,7 +5,7 @@
     learned mask token where unknown; learned position embeddings for both parts (image positions
     start as a 2D sin-cos code), optionally a learned 2D relative attention bias between image tokens
     (TinyMARConfig.relative_position_bias; off in the shipped checkpoint, see
-    checkpoints/shapes-tiny/README.md: it lifts the held-out verifier score from 0.30 to 0.51, but 20
+    margrpo/checkpoints/shapes-tiny/README.md: it lifts the held-out verifier score from 0.30 to 0.51, but 20
     CPU GRPO steps no longer move that stronger model measurably).
     z --SimpleMLPAdaLN (margrpo.heads)--> a token, by a DDPM chain (make_sampler()).
 
@@ -326,3 +326,8 @@ class TinyMAR(nn.Module):
         if problems:
             raise ValueError("tiny MAR checkpoint does not fit the model: " + " | ".join(problems))
         self.load_state_dict(state, strict=True)
+
+
+def load(checkpoint: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> TinyMAR:
+    """The loader of `backbone.name: tiny` (margrpo.models.registry): TinyMAR.load on `device`, cast to `dtype`."""
+    return TinyMAR.load(checkpoint, map_location=device).to(dtype)

@@ -1,6 +1,7 @@
 """RolloutConfig: every knob of the MAR generation loop and of what it records (typed, validated)."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
@@ -88,6 +89,12 @@ class RolloutConfig:
                 "likelihood_positions 'unknown' (post_step keeps only the positions still unknown after a step, "
                 "and 'revealed' has none of those) or known_mask 'pre_step'"
             )
+
+    def generation_only(self) -> "RolloutConfig":
+        """The same sampling policy recording nothing (no seed chains, no transitions): the cheapest
+        rollout, for sampling and evaluation."""
+        return dataclasses.replace(self, num_seeds=0, record_mask_steps=0, record_diffusion_steps=1,
+                                   likelihood_positions="revealed")
 
     @property
     def uses_cfg(self) -> bool:

@@ -4,7 +4,7 @@ GRPO's likelihood uses a random subset of mask steps (e.g. 12 of 64) and, inside
 of diffusion steps (e.g. 10 of T). Choosing them up front means the rollout stores only those
 transitions (the reference code records everything and subsamples afterwards). Only effective mask
 steps (that reveal tokens) and stochastic diffusion steps (std > 0) can be chosen: a deterministic
-step has no density, and flooring its variance makes its gradient explode (REFERENCE.md section 3).
+step has no density, and flooring its variance makes its gradient explode (docs/METHOD.md section 3).
 With the post-step known mask the final effective step is not chosen either: it leaves no position
 unknown, so it would record nothing.
 """

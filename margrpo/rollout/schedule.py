@@ -1,7 +1,7 @@
 """Mask schedules of MAR generation: how many tokens each of the S mask steps reveals.
 
 Both variants follow a cosine curve of the fraction of tokens still masked, cos(pi/2 * progress);
-they differ in rounding and in how they guarantee progress (REFERENCE.md section 1):
+they differ in rounding and in how they guarantee progress (docs/METHOD.md section 1):
 
 - "nova" (baaivision/NOVA): masked_k = round(N cos(pi/2 k/S)) for k = 0..S and step i reveals
   masked_i - masked_{i+1}. For N >> S the first difference rounds to 0, so only S - 1 steps are

@@ -3,7 +3,7 @@ torch.Generator, seeded from (base_seed, rank, prompt index, sample index).
 
 So a rollout is reproduced exactly by its seeds, whatever else shares the batch, and no two samples
 (across prompts, group members or ranks) share noise. The reference code seeds one global RNG
-identically on every rank (REFERENCE.md section 5); this module is the fix.
+identically on every rank (docs/METHOD.md section 5); this module is the fix.
 """
 from __future__ import annotations
 

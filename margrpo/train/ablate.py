@@ -1,6 +1,7 @@
 """`margrpo ablate --config FILE --seeds 0 1 2 3 4 [key=value ...]`: the paper's ablation ladder over seeds.
 
-Each rung adds one MAR-GRPO mechanism on top of the previous one:
+Each rung adds one MAR-GRPO mechanism on top of the previous one (docs/METHOD.md section 4; the
+paper's numbers: section 6):
   grpo          plain GRPO, diffusion head trained end to end
   frozen_head   + frozen diffusion head
   mte           + multi-trajectory expectation on the top-k% most uncertain tokens

@@ -1,9 +1,9 @@
 """The trainer's typed configuration (one YAML file of sections + `key=value` overrides).
 
-Sections: backbone (which model and checkpoint), rollout (margrpo.rollout.RolloutConfig), grpo (the
-algorithm and its ablation switches: margrpo.grpo.GRPOConfig), optim, rewards (name -> weight or
-options), run (steps, seeds, output, checkpoints, evaluation). `model` and `pretrain` belong to the pretraining job and are
-carried through unchanged.
+Sections: backbone (which model and checkpoint: margrpo.models.BackboneConfig), rollout
+(margrpo.rollout.RolloutConfig), grpo (the algorithm and its ablation switches:
+margrpo.grpo.GRPOConfig), optim, rewards (name -> weight or options), run (steps, seeds, output,
+checkpoints, evaluation). `pretrain` belongs to the pretraining job and is carried through unchanged.
 """
 from __future__ import annotations
 
@@ -13,18 +13,8 @@ from typing import Any, Literal, Optional
 
 from margrpo.config import ConfigError, apply_overrides, from_dict, load_yaml
 from margrpo.grpo.config import GRPOConfig, LoRAConfig  # noqa: F401  (part of this module's API)
+from margrpo.models.config import BackboneConfig, check_no_model_section
 from margrpo.rollout import RolloutConfig
-
-
-@dataclass
-class BackboneConfig:
-    """name: tiny | nova | harmon; checkpoint: a local directory in the model's official layout."""
-
-    name: Literal["tiny", "nova", "harmon"] = "tiny"
-    checkpoint: Optional[str] = None  # None: the `model.path` of the config (pretraining's output)
-    diffusion_steps: Optional[int] = None  # sampling steps of the head's chain (None: the model's default)
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    options: dict[str, Any] = field(default_factory=dict)  # model-specific load() flags (e.g. parity forwards)
 
 
 @dataclass
@@ -75,12 +65,9 @@ class TrainerConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     rewards: dict[str, Any] = field(default_factory=lambda: {"shapes": 1.0})
     run: RunConfig = field(default_factory=RunConfig)
-    model: dict[str, Any] = field(default_factory=dict)  # pretraining architecture (margrpo pretrain)
-    pretrain: dict[str, Any] = field(default_factory=dict)
+    pretrain: dict[str, Any] = field(default_factory=dict)  # margrpo pretrain's section, carried through
 
     def __post_init__(self) -> None:
-        if self.backbone.checkpoint is None:
-            self.backbone.checkpoint = self.model.get("path", "checkpoints/shapes-tiny")
         g = self.grpo
         if g.group_size < 2:
             raise ConfigError(f"grpo.group_size: got {g.group_size}, expected >= 2 (advantages compare samples)")
@@ -115,5 +102,6 @@ class TrainerConfig:
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainerConfig:
     """TrainerConfig from a YAML file (or the defaults when path is None) and dotted overrides."""
-    data = load_yaml(path) if path is not None else {}
-    return from_dict(TrainerConfig, apply_overrides(data, list(overrides)))
+    data = apply_overrides(load_yaml(path) if path is not None else {}, list(overrides))
+    check_no_model_section(data)
+    return from_dict(TrainerConfig, data)

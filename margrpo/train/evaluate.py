@@ -2,16 +2,10 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
 import torch
 
 from margrpo.rollout import RolloutConfig, generate, sample_seed
-
-
-def generation_config(config: RolloutConfig) -> RolloutConfig:
-    """The same sampling policy, recording nothing (no seeds, no transitions): the cheapest rollout."""
-    return dataclasses.replace(config, num_seeds=0, record_mask_steps=0, likelihood_positions="revealed")
 
 
 @torch.no_grad()
@@ -20,7 +14,7 @@ def generate_images(backbone, sampler, config: RolloutConfig, prompts: list[str]
     """Images [P * samples, 3, H, W] for every prompt, seeded by (seed, prompt index, sample index)."""
     expanded = [p for p in prompts for _ in range(samples_per_prompt)]
     seeds = [sample_seed(seed, 0, i // samples_per_prompt, i % samples_per_prompt) for i in range(len(expanded))]
-    quiet = generation_config(config)
+    quiet = config.generation_only()
     images = []
     for start in range(0, len(expanded), batch_size):
         chunk = slice(start, start + batch_size)

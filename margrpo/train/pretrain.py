@@ -12,7 +12,8 @@ decay, gradient clipping, optional EMA of the weights (evaluated and saved when 
 Every `eval_every` steps (and at the end) the model samples images for a fixed, category-balanced
 set of held-out prompts with the real MAR sampling loop (margrpo.rollout.generate with the settings
 of `pretrain.sampling`) and the ShapesWorld verifier scores them. The checkpoint (model.safetensors +
-config.json) and pretrain_metrics.json go to `pretrain.out` (default: model.path).
+config.json) and pretrain_metrics.json go to `pretrain.out` (default: backbone.checkpoint, unless that
+is a checkpoint shipped with the package). The architecture is `pretrain.arch` (TinyMARConfig).
 """
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from margrpo.config import apply_overrides, from_dict, load_yaml
-from margrpo.models import ModelConfig, TinyMAR
+from margrpo.checkpoints import is_builtin
+from margrpo.models import BackboneConfig, TinyMAR, TinyMARConfig, check_no_model_section
 from margrpo.sample import SampleConfig, generate_images
 from margrpo.testbed import CATEGORIES, balanced_prompts, evaluate, load_prompts, parse_prompt, render_batch
 
@@ -40,7 +42,8 @@ from margrpo.testbed import CATEGORIES, balanced_prompts, evaluate, load_prompts
 class PretrainConfig:
     """The `pretrain:` section."""
 
-    out: Optional[str] = None  # checkpoint directory to write; None = model.path
+    out: Optional[str] = None  # checkpoint directory to write; None = backbone.checkpoint
+    arch: TinyMARConfig = field(default_factory=TinyMARConfig)  # the model built from scratch
     steps: int = 2500
     batch_size: int = 32
     lr: float = 2e-3
@@ -141,13 +144,25 @@ def heldout_eval(model: TinyMAR, per_category: int, sampling: SampleConfig) -> d
     return evaluate(images, prompts)
 
 
-def pretrain(model_config: ModelConfig, config: PretrainConfig) -> dict:
+def output_dir(backbone: BackboneConfig, config: PretrainConfig) -> Path:
+    """Where pretraining writes: pretrain.out, else backbone.checkpoint (never a shipped checkpoint)."""
+    if backbone.name != "tiny":
+        raise ValueError(f"backbone.name: got {backbone.name!r}, expected 'tiny' (pretraining builds the tiny MAR)")
+    if config.out is not None:
+        return Path(config.out)
+    if is_builtin(backbone.checkpoint):
+        raise ValueError(f"pretrain.out: not set, and backbone.checkpoint is the shipped {backbone.checkpoint!r}, "
+                         "which pretraining does not overwrite; set pretrain.out=DIR")
+    return Path(backbone.checkpoint)
+
+
+def pretrain(backbone: BackboneConfig, config: PretrainConfig) -> dict:
     """Train a TinyMAR from scratch, save it, and return the metrics (also saved as JSON)."""
+    out = output_dir(backbone, config)
     if config.threads:
         torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
-    out = Path(config.out or model_config.path)
-    model = TinyMAR(model_config.arch)
+    model = TinyMAR(config.arch)
     ema = copy.deepcopy(model).requires_grad_(False) if config.ema_decay else model
     sampler = model.make_sampler()
     generator = torch.Generator().manual_seed(config.seed)
@@ -156,7 +171,7 @@ def pretrain(model_config: ModelConfig, config: PretrainConfig) -> dict:
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, config.adam_beta2),
                                   weight_decay=config.weight_decay)
 
-    metrics: dict = {"config": {"model": asdict(model_config), "pretrain": asdict(config)}, "evals": []}
+    metrics: dict = {"config": {"backbone": asdict(backbone), "pretrain": asdict(config)}, "evals": []}
     started = time.time()
     progress = tqdm(range(config.steps), desc="pretrain", dynamic_ncols=True)
     for step in progress:
@@ -208,12 +223,13 @@ def save(model: TinyMAR, metrics: dict, out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     """`margrpo pretrain --config FILE [key=value ...]`."""
     parser = argparse.ArgumentParser(prog="margrpo pretrain", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", required=True, help="YAML config with model: and pretrain: sections")
+    parser.add_argument("--config", required=True, help="YAML config with backbone: and pretrain: sections")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. pretrain.steps=100")
     args = parser.parse_args(argv)
     data = apply_overrides(load_yaml(args.config), args.overrides)
+    check_no_model_section(data)
     pretrain(
-        from_dict(ModelConfig, data.get("model", {}), "model"),
+        from_dict(BackboneConfig, data.get("backbone", {}), "backbone"),
         from_dict(PretrainConfig, data.get("pretrain", {}), "pretrain"),
     )
     return 0

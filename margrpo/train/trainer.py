@@ -22,6 +22,7 @@ import yaml
 from margrpo.config import to_dict
 from margrpo.grpo import Collectives, update
 from margrpo.grpo import advantages as adv_mod
+from margrpo.models import load_backbone, resolve_device
 from margrpo.rollout import choose_plan, generate, mask_schedule, sample_seed
 
 from . import checkpoint as ckpt
@@ -36,31 +37,6 @@ class TrainingStopped(RuntimeError):
     """Raised when too many consecutive steps were skipped for non-finite values."""
 
 
-def build_backbone(config, device: torch.device):
-    """The policy backbone from its local checkpoint directory (official layout per model)."""
-    name = config.name
-    if name == "tiny":
-        from margrpo.models.tiny import TinyMAR
-
-        return TinyMAR.load(config.checkpoint, map_location=device)
-    dtype = getattr(torch, config.dtype)
-    if name == "nova":
-        from margrpo.models import nova
-
-        return nova.load(config.checkpoint, device=device, dtype=dtype, **config.options)
-    if name == "harmon":
-        from margrpo.models import harmon
-
-        return harmon.load(config.checkpoint, device=device, dtype=dtype, **config.options)
-    raise ValueError(f"backbone.name: got {name!r}, expected tiny, nova or harmon")
-
-
-def _resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
 class Trainer:
     def __init__(self, config: TrainerConfig, create_run_dir: bool = True, policy=None):
         """policy: a backbone already in memory (e.g. a random-init benchmark model) instead of the one
@@ -70,12 +46,12 @@ class Trainer:
         if run.threads:
             torch.set_num_threads(run.threads)
         self.rank, self.world = dist_utils.init()
-        self.device = dist_utils.device_for_rank(_resolve_device(run.device), self.rank)
+        self.device = dist_utils.device_for_rank(resolve_device(run.device), self.rank)
         torch.manual_seed(run.seed + self.rank)
         self.out_dir = Path(run.out_dir)
         self.is_main = self.rank == 0
 
-        self.policy = build_backbone(config.backbone, self.device) if policy is None else policy
+        self.policy = load_backbone(config.backbone, self.device) if policy is None else policy
         self.sampler = self.policy.make_sampler(config.backbone.diffusion_steps)
         self._configure_trainable()
         self.reference = None  # a frozen copy of the starting policy, when the KL needs one

@@ -1,0 +1,71 @@
+"""Backbones by name, as configs refer to them (`backbone: {name: nova, checkpoint: DIR}`), and the
+one function that loads a config's backbone: `margrpo train`, `sample`, `eval` and the benchmarks
+all go through load_backbone.
+
+A loader is `loader(checkpoint: Path, *, device, dtype, **options) -> MARBackbone` (in eval mode).
+The built-in families are registered by import path, so importing margrpo.models does not import
+transformers or diffusers; `register_backbone` adds one of your own.
+"""
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+
+from margrpo.checkpoints import resolve_checkpoint
+
+if TYPE_CHECKING:
+    from .base import MARBackbone
+    from .config import BackboneConfig
+
+Loader = Callable[..., "MARBackbone"]
+_LOADERS: dict[str, Loader | str] = {
+    "tiny": "margrpo.models.tiny:load",
+    "nova": "margrpo.models.nova:load",
+    "harmon": "margrpo.models.harmon:load",
+}
+
+
+def register_backbone(name: str, loader: Loader | None = None):
+    """Make `loader` loadable as `backbone.name: name`; without `loader`, a function decorator."""
+
+    def add(fn: Loader) -> Loader:
+        if name in _LOADERS and _LOADERS[name] is not fn:
+            raise ValueError(f"register_backbone: name {name!r} is already taken by {_LOADERS[name]!r}")
+        _LOADERS[name] = fn
+        return fn
+
+    return add if loader is None else add(loader)
+
+
+def available_backbones() -> list[str]:
+    """Registered backbone names, sorted."""
+    return sorted(_LOADERS)
+
+
+def backbone_loader(name: str) -> Loader:
+    """The loader registered under `name` (a built-in one is imported on first use)."""
+    if name not in _LOADERS:
+        raise KeyError(f"backbone.name: got {name!r}, expected one of {', '.join(available_backbones())}")
+    loader = _LOADERS[name]
+    if isinstance(loader, str):
+        module, attr = loader.split(":")
+        loader = _LOADERS[name] = getattr(importlib.import_module(module), attr)
+    return loader
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """"auto" -> cuda when a GPU is visible, else cpu; anything else as torch.device."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def load_backbone(config: BackboneConfig, device: str | torch.device = "cpu") -> MARBackbone:
+    """The backbone `config` names, from its checkpoint, on `device` ("auto" allowed), in eval mode."""
+    loader = backbone_loader(config.name)
+    checkpoint = resolve_checkpoint(config.checkpoint)
+    dtype = getattr(torch, config.dtype)
+    return loader(checkpoint, device=resolve_device(device), dtype=dtype, **config.options).eval()

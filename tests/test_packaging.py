@@ -1,0 +1,49 @@
+"""What a wheel of margrpo contains, checked from the source tree in a second (CI also builds and
+installs one: scripts/wheel_smoke.sh). setuptools' find_packages only finds directories with an
+__init__.py, and package_data only ships files its globs match."""
+from __future__ import annotations
+
+import ast
+import fnmatch
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tracked_files(under: str) -> list[Path]:
+    out = subprocess.run(["git", "ls-files", under], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    return [ROOT / line for line in out.splitlines()]
+
+
+def package_data() -> dict[str, list[str]]:
+    """setup.py's PACKAGE_DATA literal."""
+    for node in ast.parse((ROOT / "setup.py").read_text()).body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "PACKAGE_DATA":
+            return ast.literal_eval(node.value)
+    raise AssertionError("setup.py: no PACKAGE_DATA assignment")
+
+
+def test_every_directory_with_modules_is_a_package():
+    dirs = {p.parent for p in tracked_files("margrpo") if p.suffix == ".py"}
+    missing = sorted(str(d.relative_to(ROOT)) for d in dirs if not (d / "__init__.py").is_file())
+    assert missing == [], f"not packages (no __init__.py), so left out of a wheel: {missing}"
+
+
+def test_every_data_file_in_the_package_is_package_data():
+    data = package_data()
+    unshipped = []
+    for path in tracked_files("margrpo"):
+        if path.suffix == ".py":
+            continue
+        rel = path.relative_to(ROOT)
+        shipped = False
+        for package, globs in data.items():
+            base = Path(*package.split("."))
+            if base in rel.parents:
+                inner = str(rel.relative_to(base))
+                shipped = shipped or any(fnmatch.fnmatch(inner, g) for g in globs)
+        if not shipped:
+            unshipped.append(str(rel))
+    assert unshipped == [], f"files under margrpo/ that no package_data glob ships: {unshipped}"
+    assert any("shapes-tiny/model.safetensors" in str(p) for p in tracked_files("margrpo/checkpoints"))
