@@ -24,8 +24,8 @@ from pathlib import Path
 LADDER: dict[str, list[str]] = {
     "grpo": ["grpo.head=train", "grpo.mte=false", "grpo.consistency=false", "rollout.likelihood_positions=revealed"],
     "frozen_head": ["grpo.head=frozen", "grpo.mte=false", "grpo.consistency=false", "rollout.likelihood_positions=revealed"],
-    "mte": ["grpo.head=frozen", "grpo.mte=true", "grpo.consistency=false", "rollout.likelihood_positions=revealed"],
-    "full": ["grpo.head=frozen", "grpo.mte=true", "grpo.consistency=true", "rollout.likelihood_positions=unknown"],
+    "mte": ["grpo.head=frozen", "grpo.mte=true", "rollout.num_seeds=3", "grpo.consistency=false", "rollout.likelihood_positions=revealed"],
+    "full": ["grpo.head=frozen", "grpo.mte=true", "rollout.num_seeds=3", "grpo.consistency=true", "rollout.likelihood_positions=unknown"],
     "preset": [],
 }
 OVERALL = "heldout/overall"
