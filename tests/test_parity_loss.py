@@ -351,3 +351,58 @@ def test_whole_preset_update(model):
     g = case.config.grpo
     assert g.mte and g.consistency and g.kl_beta == 0.01
     assert_updates_match(case.ours(), reference_losses(case, mte=True, consistency=True, beta=g.kl_beta))
+
+
+# ------------------------------------------------------------------- the same options on a real rollout
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory):
+    from conftest import make_tiny_checkpoint
+
+    return make_tiny_checkpoint(tmp_path_factory, depth=1)
+
+
+def _captured_gradient(tmp_path, checkpoint, *extra) -> dict[str, torch.Tensor]:
+    """The summed gradients of one train step of the tiny model (lr 0, so every update sees the
+    same policy), with the given options."""
+    overrides = [
+        f"backbone.checkpoint={checkpoint}", f"run.out_dir={tmp_path / 'run'}", "run.tensorboard=false",
+        "run.eval_every=0", "run.save_every=0", "run.threads=1", "rollout.num_mask_steps=4",
+        "rollout.record_mask_steps=2", "rollout.record_diffusion_steps=2", "rollout.num_seeds=2",
+        "rollout.likelihood_positions=unknown", "grpo.group_size=4", "grpo.prompts_per_step=1",
+        "grpo.objective=reinforce", "grpo.kl_beta=0.1", "rewards={jpeg_incompressibility: 1.0}", "optim.lr=0",
+        "optim.grad_clip=1e9", *extra,
+    ]
+    trainer = Trainer(load_config(None, overrides))
+    captured, original_step = {}, trainer.optimizer.step
+
+    def capture(*args, **kwargs):
+        for name, p in trainer.policy.named_parameters():
+            if p.grad is not None:
+                captured[name] = captured.get(name, 0) + p.grad.clone()
+        return original_step(*args, **kwargs)
+
+    trainer.optimizer.step = capture
+    metrics = trainer.train_step()
+    assert "skipped" not in metrics and math.isfinite(metrics["loss"])
+    return captured
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_pixel_positions_and_recorded_std_on_a_real_rollout(tmp_path, tiny_checkpoint, reduction):
+    """The trainer's glue on a real rollout: with every position kept, splitting tokens into pixels
+    changes nothing (a pixel's log-prob is scaled to its token's), and (fixed variance) neither does
+    the recorded std; every parity option at once runs, with one update per mask step."""
+    common = (f"grpo.channel_reduction={reduction}",)
+    tokens = _captured_gradient(tmp_path / "a", tiny_checkpoint, *common)
+    assert tokens and any(float(g.abs().max()) > 0 for g in tokens.values())
+    for extra in (["grpo.pixels_per_token=4"], ["grpo.likelihood_std=recorded_main"]):
+        other = _captured_gradient(tmp_path / extra[0], tiny_checkpoint, *common, *extra)
+        assert other.keys() == tokens.keys()
+        for name in tokens:
+            torch.testing.assert_close(other[name], tokens[name], rtol=1e-4, atol=1e-7, msg=lambda m: f"{extra}: {name}: {m}")
+    everything = ["grpo.pixels_per_token=4", "grpo.likelihood_std=recorded_main", "grpo.mte=true",
+                  "grpo.mte_include_rollout=false", "grpo.mte_k=reference", "grpo.mte_random_positions=1",
+                  "grpo.consistency=true", "grpo.consistency_start_step=1", "grpo.normalization=update",
+                  "grpo.minibatch_over=mask_steps", "grpo.minibatches=2", "grpo.advantage_std=unbiased",
+                  "grpo.kl_type=parity_mean_k3"]
+    assert _captured_gradient(tmp_path / "all", tiny_checkpoint, *everything)
