@@ -20,20 +20,24 @@ channels and counts tokens. For each recorded mask step j (one optimizer update 
 (Harmon's policy_j sums a token's C per-element terms of value A, so its value is C times the
 library's per-token REINFORCE value; the gradients are equal and the comparison scales that value.)
 
-The library side is the trainer's own update path (selection, weights, chunk losses) on a Rollout
-built from random recorded tensors, with the policy's likelihood replaced by means that depend on a
-parameter theta, so the loss and d loss / d theta of every update are compared (relative 1e-6).
+The library side is margrpo.grpo.update itself on a Rollout built from random recorded tensors, with
+the training likelihood replaced by means that depend on a parameter theta (the policy) or are
+fixed (the reference), so d loss / d theta of every optimizer update and the summed loss value are
+compared (relative 1e-6).
 Each test switches on one point of the reference's update, so a failure names the term; each also
 checks that the library default differs, so the comparison can fail.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
 
+from margrpo.grpo import policy_update
 from margrpo.heads.nova_head import unpatchify
 from margrpo.rollout import Rollout, RolloutConfig
 from margrpo.rollout.likelihood import RolloutLikelihood
@@ -72,67 +76,76 @@ class Case:
 
         shell = Rollout(
             prompts=["p"] * B, seeds=torch.arange(B), order=order, tokens=randn(B, N, C), seed_tokens=randn(B, K, N, C),
-            images=torch.zeros(B, 3, 2, 2, dtype=torch.float64), x_t=randn(B, T, 0, C), x_prev=randn(B, T, 0, C),
-            mean=randn(B, T, 0, C), std=randn(B, T, 0, C), logp=randn(B, T, 0), pred_clean=randn(B, M, N, C),
+            images=torch.zeros(B, 3, 2, 2, dtype=torch.float64), x_t=randn(T, B, 0, C), x_prev=randn(T, B, 0, C),
+            mean=randn(T, B, 0, C), std=randn(T, B, 0, C), logp=randn(T, B, 0), pred_clean=randn(B, M, N, C),
             pred_clean_prev=randn(B, M, N, C), reveal_counts=tuple(counts), plan=plan, cfg_scales=(1.0,) * M,
             config=config, sampler=None,
         )
         L = sum(shell.step_positions_count(j) for j in range(M)) * R
-        x_prev = randn(B, T, L, C)
+        x_prev = randn(T, B, L, C)
         if model == "nova":  # fixed variance: one std per recorded diffusion step, whatever the trajectory
-            per_step = 0.2 + 0.3 * torch.rand(B, 1, L, 1, generator=gen, dtype=torch.float64)
-            std = per_step[:1].expand(B, T, L, C).clone()
+            per_step = 0.2 + 0.3 * torch.rand(1, B, L, 1, generator=gen, dtype=torch.float64)
+            std = per_step.expand(T, B, L, C).clone()
         else:  # learned range: a std per element and trajectory
-            std = 0.2 + 0.3 * torch.rand(B, T, L, C, generator=gen, dtype=torch.float64)
-        recorded_mean = x_prev + std * randn(B, T, L, C)
+            std = 0.2 + 0.3 * torch.rand(T, B, L, C, generator=gen, dtype=torch.float64)
+        recorded_mean = x_prev + std * randn(T, B, L, C)
         logp = torch.distributions.Normal(recorded_mean, std).log_prob(x_prev).sum(-1)
-        self.rollout = Rollout(**{**shell.__dict__, "x_t": randn(B, T, L, C), "x_prev": x_prev, "mean": recorded_mean,
-                                  "std": std, "logp": logp})
+        self.rollout = dataclasses.replace(shell, x_t=randn(T, B, L, C), x_prev=x_prev, mean=recorded_mean, std=std,
+                                           logp=logp)
         # the current policy's means and (learned-range) std as functions of theta; the reference model's means
-        self.theta = torch.zeros(T, B, L, C, dtype=torch.float64, requires_grad=True)
-        self.base_mean = recorded_mean.transpose(0, 1) + 0.1 * randn(T, B, L, C)
+        self.policy = torch.nn.Module()
+        self.policy.theta = torch.nn.Parameter(torch.zeros(T, B, L, C, dtype=torch.float64))
+        self.reference = torch.nn.Module()
+        self.base_mean = recorded_mean + 0.1 * randn(T, B, L, C)
         self.log_std_shift = 0.3 * randn(T, B, L, C)
         self.ref_mean = self.base_mean + 0.05 * randn(T, B, L, C)
         self.rewards = randn(B)
         self.config = load_config(PRESETS[model], [f"grpo.minibatches={M}", *overrides])
-        self.trainer = Trainer.__new__(Trainer)  # only the update path's methods are used
-        self.trainer.config, self.trainer.policy, self.trainer.rank = self.config, None, 0
-        self.trainer._likelihood = self._likelihood
+        self.trainer = Trainer.__new__(Trainer)  # for its advantages only
+        self.trainer.config, self.trainer.rank = self.config, 0
+
+    @property
+    def theta(self) -> torch.Tensor:
+        return self.policy.theta
 
     def policy_mean(self) -> torch.Tensor:
         return self.base_mean + self.theta
 
     def policy_std(self) -> torch.Tensor:
         """The current head's std: the recorded one moved by theta (a learned-range variance depends on z)."""
-        return self.rollout.std.transpose(0, 1) * torch.exp(self.log_std_shift * self.theta)
+        return self.rollout.std * torch.exp(self.log_std_shift * self.theta)
 
-    def _likelihood(self, model, sub_rollout, steps=None):
+    def _likelihood(self, model, sub_rollout, config, steps=None, bf16=False):
+        """The training likelihood of the policy (means moved by theta) or of the reference model."""
         images = sub_rollout.seeds.tolist()
-        cols = self.trainer._columns(self.rollout, steps)
-        mean = self.policy_mean()[:, images][:, :, cols]
-        std = self.policy_std()[:, images][:, :, cols]
-        x_prev = self.rollout.x_prev.transpose(0, 1)[:, images][:, :, cols]
+        cols = self.rollout.columns(steps)
+        if model is self.reference:
+            mean, std = self.ref_mean, self.rollout.std
+        else:
+            mean, std = self.policy_mean(), self.policy_std()
+        mean, std = (v[:, images][:, :, cols] for v in (mean, std))
+        x_prev = self.rollout.x_prev[:, images][:, :, cols]
         logp = torch.distributions.Normal(mean, std).log_prob(x_prev).sum(-1)
         return RolloutLikelihood(logp, mean, torch.zeros(logp.shape[1:], dtype=torch.bool))
 
-    def ours(self, selection_seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """(loss, d loss / d theta) of every optimizer update, through the trainer's update path."""
-        t, r, g = self.trainer, self.rollout, self.config.grpo
-        advantages = t._advantages(self.rewards, r.prompts)
+    def ours(self, selection_seed: int = 1) -> tuple[list[torch.Tensor], float]:
+        """(d loss / d theta of every optimizer update, the summed loss value), from margrpo.grpo.update."""
+        advantages = self.trainer._advantages(self.rewards, self.rollout.prompts)
+        theta, grads = self.theta, []
+
+        class Capture:  # an optimizer that records the gradient of every step
+            def zero_grad(self, set_to_none=True):
+                theta.grad = None
+
+            def step(self):
+                grads.append(theta.grad.clone())
+
         torch.manual_seed(selection_seed)
-        keep, mte = t._selection(r)
-        minibatches = t._minibatches(r)
-        weights, kl_weights = t._weights(r, keep, minibatches)
-        # parity_mean_k3 reads the reference means only; the log-probs ride along as the trainer slices them
-        reference = RolloutLikelihood(self.ref_mean[..., 0], self.ref_mean, torch.zeros(0, dtype=torch.bool))
-        out = []
-        for minibatch in minibatches:
-            loss = sum(t._chunk_loss(images, steps, rollout=r, old_logp=None, advantages=advantages, weights=weights,
-                                     mte=mte, kl_weights=kl_weights,
-                                     reference=reference if g.kl_beta > 0 else None).loss
-                       for images, steps in minibatch)
-            out.append((loss.detach(), torch.autograd.grad(loss, self.theta)[0]))
-        return out
+        with mock.patch.object(policy_update, "likelihood", self._likelihood):
+            result = policy_update.update(self.policy, self.reference, self.rollout, advantages, self.config.grpo,
+                                          Capture(), grad_clip=math.inf)
+        assert result.skipped is None
+        return grads, result.metrics["loss"]
 
 
 # ------------------------------------------------------------------------------- the reference's loss
@@ -208,12 +221,11 @@ def count(case: Case, mask: torch.Tensor, per: torch.Tensor) -> torch.Tensor:
 def reference_losses(case: Case, *, mte: bool, consistency: bool, beta: float, selection_seed: int = 1):
     """(loss_j, d loss_j / d theta) of every recorded mask step j, the reference trainer's formula."""
     r = case.rollout
-    K = r.seed_tokens.shape[1]
     advantages = reference_advantages(case.rewards)
     crit = critic_mask(case, selection_seed) if mte else None
     effective = [i for i, n in enumerate(r.reveal_counts) if n > 0]
-    x_prev_all = r.x_prev.transpose(0, 1)
-    std_all = r.std.transpose(0, 1)[:1].expand_as(x_prev_all)  # the main chain's recorded std, for every trajectory
+    x_prev_all = r.x_prev
+    std_all = r.std[:1].expand_as(x_prev_all)  # the main chain's recorded std, for every trajectory
     out = []
     for j, mask_step in enumerate(r.plan.mask_steps):
         mean_all = case.policy_mean()
@@ -249,23 +261,25 @@ def reference_losses(case: Case, *, mte: bool, consistency: bool, beta: float, s
         # counts it once. Same gradient; only the reported number differs.
         value = -(policy.detach() / (C if case.model == "harmon" else 1) - beta * kl.detach())
         out.append((value, torch.autograd.grad(loss, case.theta)[0]))
-    return out
+    return [grad for _, grad in out], float(sum(value for value, _ in out))
 
 
 def assert_updates_match(ours, reference):
-    """Relative 1e-6: of the loss's own size, or, where a group's advantages cancel (the REINFORCE
-    value is a weighted mean of them, often about 0), of the advantages' (about 1)."""
-    assert len(ours) == len(reference)
-    for u, ((loss, grad), (ref_loss, ref_grad)) in enumerate(zip(ours, reference)):
-        torch.testing.assert_close(loss.double(), ref_loss, rtol=RTOL, atol=RTOL, msg=lambda m: f"update {u} loss: {m}")
+    """The gradient of every update to a relative 1e-6, and the summed loss value to 1e-6 of its own
+    size or, where the groups' advantages cancel (a REINFORCE value is a weighted mean of them, often
+    about 0), of the advantages' (about 1)."""
+    (grads, loss), (ref_grads, ref_loss) = ours, reference
+    assert len(grads) == len(ref_grads)
+    for u, (grad, ref_grad) in enumerate(zip(grads, ref_grads)):
         scale = ref_grad.abs().max()
         assert scale > 0, f"update {u}: the reference gradient is 0, the comparison would check nothing"
         torch.testing.assert_close(grad, ref_grad, rtol=RTOL, atol=RTOL * float(scale),
                                    msg=lambda m: f"update {u} gradient: {m}")
+    assert loss == pytest.approx(ref_loss, rel=RTOL, abs=RTOL), "summed loss value"
 
 
 def updates_differ(ours, reference) -> bool:
-    return any(not torch.allclose(g, rg, rtol=1e-3, atol=0) for (_, g), (_, rg) in zip(ours, reference))
+    return any(not torch.allclose(g, rg, rtol=1e-3, atol=0) for g, rg in zip(ours[0], reference[0]))
 
 
 # ----------------------------------------------------------------------------------------- one point each
@@ -317,7 +331,7 @@ def test_per_mask_step_normalisation_one_update_each(model):
     case = Case(model, only(beta=0.5))
     reference = reference_losses(case, mte=False, consistency=False, beta=0.5)
     ours = case.ours()
-    assert len(ours) == case.rollout.plan.num_mask_steps
+    assert len(ours[0]) == case.rollout.plan.num_mask_steps
     assert_updates_match(ours, reference)
     assert updates_differ(Case(model, only(beta=0.5) + ["grpo.normalization=batch"]).ours(), reference)
 
