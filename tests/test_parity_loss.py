@@ -75,7 +75,7 @@ class Case:
             return torch.randn(*shape, generator=gen, dtype=torch.float64)
 
         shell = Rollout(
-            prompts=["p"] * B, seeds=torch.arange(B), order=order, tokens=randn(B, N, C), seed_tokens=randn(B, K, N, C),
+            prompts=["p"] * B, seeds=torch.arange(B), order=order, tokens=randn(B, N, C), seed_tokens=randn(K, B, N, C),
             images=torch.zeros(B, 3, 2, 2, dtype=torch.float64), x_t=randn(T, B, 0, C), x_prev=randn(T, B, 0, C),
             mean=randn(T, B, 0, C), std=randn(T, B, 0, C), logp=randn(T, B, 0), pred_clean=randn(B, M, N, C),
             pred_clean_prev=randn(B, M, N, C), reveal_counts=tuple(counts), plan=plan, cfg_scales=(1.0,) * M,
@@ -190,7 +190,7 @@ def position_mask(case: Case, tokens: torch.Tensor) -> torch.Tensor:
 
 def critic_mask(case: Case, selection_seed: int) -> torch.Tensor:
     """The top 30% most uncertain positions (NOVA: pixels, OR one random pixel) in mask layout."""
-    seeds = to_maps(case, case.rollout.seed_tokens.transpose(0, 1))  # [K, B, ...]
+    seeds = to_maps(case, case.rollout.seed_tokens)  # [K, B, ...]
     std = seeds.std(0, unbiased=False).mean(channel_dim(case), keepdim=True)  # NOVA [B, 1, 8, 8]; Harmon [B, N, 1]
     flat = std.reshape(B, -1)
     k = max(1, int(flat.shape[1] * case.config.grpo.mte_ratio))
