@@ -22,18 +22,15 @@ import torch
 from margrpo import ops
 
 from .kl import CHANNEL_REDUCTIONS, kl_penalty
+from .selection import split_pixels
 
 
 def position_logp(x_prev: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, pixels_per_token: int = 1) -> torch.Tensor:
     """Gaussian log-probs of transitions per policy-term position: x_prev, mean, std [T, B, L, C]
     -> [T, B, L * P], each of a token's P pixels summing its C / P channels (P = 1: the token's
     log-prob). Differentiable in mean and std."""
-    T, B, L, C = x_prev.shape
-    if pixels_per_token < 1 or C % pixels_per_token:
-        raise ValueError(f"pixels_per_token: got {pixels_per_token}, expected a divisor of the {C} channels of a token")
-    shape = (T, B, L * pixels_per_token, C // pixels_per_token)
-    std = std.expand_as(x_prev)
-    return ops.gaussian_logprob(x_prev.reshape(shape), mean.reshape(shape), std.reshape(shape), reduce="sum")
+    x_prev, mean, std = (split_pixels(v, pixels_per_token) for v in (x_prev, mean, std.expand_as(x_prev)))
+    return ops.gaussian_logprob(x_prev, mean, std, reduce="sum")
 
 
 def grouped_token_weights(keep: torch.Tensor, aggregation: str, dtype: torch.dtype,
