@@ -420,3 +420,14 @@ def test_pixel_positions_and_recorded_std_on_a_real_rollout(tmp_path, tiny_check
                   "grpo.minibatch_over=mask_steps", "grpo.minibatches=2", "grpo.advantage_std=unbiased",
                   "grpo.kl_type=parity_mean_k3"]
     assert _captured_gradient(tmp_path / "all", tiny_checkpoint, *everything)
+
+
+def test_pixel_positions_need_a_fixed_std():
+    """Pixel positions rebuild the log-probs from a std the rollout fixed: a learned-range variance
+    needs likelihood_std recorded_main, and the error names both settings."""
+    from types import SimpleNamespace
+
+    case = Case("harmon", only() + ["grpo.pixels_per_token=4", "grpo.likelihood_std=policy"])
+    case.rollout = dataclasses.replace(case.rollout, sampler=SimpleNamespace(variance_type="learned_range"))
+    with pytest.raises(ValueError, match="pixels_per_token.*likelihood_std"):
+        case.ours()
