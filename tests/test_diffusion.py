@@ -378,8 +378,9 @@ def test_from_diffusers_config_dict_and_path(tmp_path):
         assert built.clip_sample is None
         for i in (0, 12, 24):
             torch.testing.assert_close(built.mean_std(out, x, i), direct.mean_std(out, x, i), rtol=0, atol=0)
-    # clip_sample defaults to true with range 1 in diffusers
-    assert from_diffusers_config({"_class_name": "DDPMScheduler"}, 10).clip_sample == 1.0
+    # NOVA's scheduler never clips (diffusers' default clip_sample=True is ignored) unless asked
+    assert from_diffusers_config({"_class_name": "DDPMScheduler"}, 10).clip_sample is None
+    assert from_diffusers_config({"_class_name": "DDPMScheduler"}, 10, clip_sample=1.0).clip_sample == 1.0
     flow = from_diffusers_config({"_class_name": "FlowMatchEulerDiscreteScheduler", "shift": 3.0,
                                   "use_dynamic_shifting": False}, 25, noise_level=0.5)
     assert isinstance(flow, FlowSDESampler) and flow.noise_level == 0.5

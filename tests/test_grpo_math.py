@@ -69,6 +69,9 @@ def test_k3_is_nonnegative_and_zero_on_policy():
 
 def test_kl_dispatch_and_unknown_kind():
     mean, ref = torch.zeros(3, 4), torch.ones(3, 4)
-    torch.testing.assert_close(kl.kl_penalty("parity_mean_k3", mean=mean, ref_mean=ref), torch.full((3,), torch.e - 2))
+    # per channel e - 2; summed over the 4 channels by default, averaged with channel_reduction="mean"
+    torch.testing.assert_close(kl.kl_penalty("parity_mean_k3", mean=mean, ref_mean=ref), torch.full((3,), 4 * (torch.e - 2)))
+    torch.testing.assert_close(kl.kl_penalty("parity_mean_k3", mean=mean, ref_mean=ref, channel_reduction="mean"),
+                               torch.full((3,), torch.e - 2))
     with pytest.raises(ValueError, match="kl_type"):
         kl.kl_penalty("forward", mean=mean, ref_mean=ref)

@@ -388,7 +388,7 @@ def test_configs_load_with_the_recipes(tiny_dir):
         assert got == (64, "nova", 5.0, "all", "", 3)
         assert config.grpo.head == "frozen" and config.grpo.mte and config.grpo.consistency
     g = parity.grpo
-    assert (g.objective, g.kl_type, g.likelihood_cfg, g.minibatch_over, g.minibatches, g.mte_pixels_per_token) == (
+    assert (g.objective, g.kl_type, g.likelihood_cfg, g.minibatch_over, g.minibatches, g.pixels_per_token) == (
         "reinforce", "parity_mean_k3", "none", "mask_steps", parity.rollout.record_mask_steps, 4)
     assert parity.rollout.likelihood_positions == "unknown"
     assert (sound.grpo.objective, sound.grpo.likelihood_cfg) == ("clip", "rollout")

@@ -174,7 +174,9 @@ def _nova_trainer(backbone, settings: NovaBenchSettings, device: torch.device, w
         f"grpo.group_size={settings.group_size}", f"grpo.prompts_per_step={settings.prompts}",
         "grpo.objective=reinforce", "grpo.kl_type=parity_mean_k3", "grpo.likelihood_cfg=none",
         "grpo.minibatch_over=mask_steps", f"grpo.minibatches={r.record_mask_steps}", "grpo.mte=true",
-        "grpo.mte_pixels_per_token=4", "grpo.consistency=true", "grpo.kl_beta=0.01",
+        "grpo.pixels_per_token=4", "grpo.consistency=true", "grpo.kl_beta=0.01", "grpo.channel_reduction=mean",
+        "grpo.normalization=update", "grpo.mte_include_rollout=false", "grpo.mte_k=reference",
+        "grpo.mte_random_positions=1", "grpo.advantage_std=unbiased",
         "rewards={jpeg_incompressibility: 1.0}", f"optim.bf16={str(device.type == 'cuda').lower()}", "optim.lr=1e-6",
     ]
     return Trainer(load_config(None, overrides), create_run_dir=False, policy=backbone)

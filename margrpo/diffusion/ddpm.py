@@ -6,9 +6,11 @@ Per step i (training step t_i, abar = alphas_cumprod[t_i], abar_prev = that of t
          sqrt(abar) x - sqrt(1 - abar) v            (v_prediction); then optionally clipped to [-r, r]
   mean = beta sqrt(abar_prev) / (1 - abar) x0 + (1 - abar_prev) sqrt(1 - beta) / (1 - abar) x
   var  = fixed_small: posterior beta (1 - abar_prev) / (1 - abar); fixed_large: beta;
-         learned_range: exp(f log beta + (1 - f) log_post_clipped), f = (v + 1) / 2 from the head's
-         second C channels; log_post_clipped is IDDPM's: the least noisy step (posterior variance 0)
-         borrows the next step's value.
+         learned_range: exp(f log beta + (1 - f) log max(posterior, 1e-20)), f = (v + 1) / 2 from the
+         head's second C channels. The posterior variance is 0 only at the least noisy step, where
+         abar_prev = 1: with the last kept step at t = 0 (IDDPM, diffusers without steps_offset) that
+         step is deterministic; with a stochastic last step (steps_offset > 0, trailing spacing) the
+         floor is diffusers' (IDDPM would borrow the next step's value, which it never samples with).
   std  = sqrt(var) * temperature; 0 (deterministic) where the kept training step is 0 (IDDPM and
          diffusers add no noise there) or the fixed-small posterior variance is exactly 0.
 """
@@ -98,13 +100,8 @@ class DDPMSampler(Sampler):
         self._coef_x0 = beta * np.sqrt(abar_prev) / (1.0 - abar)
         self._coef_xt = (1.0 - abar_prev) * np.sqrt(1.0 - beta) / (1.0 - abar)
         self.posterior_variance = beta * (1.0 - abar_prev) / (1.0 - abar)
-        # IDDPM: the least noisy step's posterior variance is 0; its log borrows the next step's value
-        post_for_log = self.posterior_variance.copy()
-        if self.num_steps > 1:
-            post_for_log[-1] = self.posterior_variance[-2]
-        else:
-            post_for_log[-1] = beta[-1]
-        self._min_log = np.log(post_for_log)
+        # diffusers' floor for the one zero posterior variance (see the module docstring)
+        self._min_log = np.log(np.maximum(self.posterior_variance, 1e-20))
         self._max_log = np.log(beta)
         variance = {"fixed_small": self.posterior_variance, "fixed_large": beta}.get(self.variance_type)
         self._fixed_std = None if variance is None else np.sqrt(variance)

@@ -94,8 +94,12 @@ def from_diffusers_config(config: Mapping[str, Any] | str | os.PathLike, num_ste
     in scheduler/). The class comes from "_sample_class_name" (NOVA's sampling scheduler), else
     "_class_name" (default DDPMScheduler). DDPMScheduler -> DDPMSampler; FlowMatchEulerDiscrete-
     Scheduler -> FlowSDESampler. options go to the sampler's constructor and win over the config
-    (e.g. noise_level=0.7 or mode="ode" for flow, or NOVA's pipeline flow_shift as shift=...).
+    (e.g. noise_level=0.7 or mode="ode" for flow, NOVA's pipeline flow_shift as flow_shift=...).
     Unknown keys and enabled features this library does not implement raise ValueError.
+
+    NOVA's own schedulers define the semantics, where they differ from diffusers': DDPM never clips
+    the predicted x0 (the config's clip_sample / clip_sample_range are read and ignored; pass
+    clip_sample=r to clip), and flow_shift keeps the sigma range of the config's shift.
     """
     data = _load_config(config)
     class_name = data.get("_sample_class_name") or data.get("_class_name") or "DDPMScheduler"
@@ -178,7 +182,7 @@ def _ddpm_kwargs(keys: dict[str, Any]) -> dict[str, Any]:
         "steps_offset": cfg["steps_offset"],
         "prediction_type": cfg["prediction_type"],
         "variance_type": _DDPM_VARIANCE[cfg["variance_type"]],
-        "clip_sample": float(cfg["clip_sample_range"]) if cfg["clip_sample"] else None,
+        "clip_sample": None,  # NOVA's DDPMScheduler.step never clips, whatever the config says
     }
 
 

@@ -27,11 +27,16 @@ def shift_sigmas(sigmas: np.ndarray, shift: float) -> np.ndarray:
     return shift * sigmas / (shift * sigmas + (1.0 - sigmas))
 
 
-def flow_sigmas(num_steps: int, shift: float = 1.0, num_train_timesteps: int = 1000) -> np.ndarray:
-    """NOVA's sampling sigmas [T + 1] (float64): sigma_0 = 1 ... sigma_{T-1}, then 0."""
+def flow_sigmas(num_steps: int, shift: float = 1.0, num_train_timesteps: int = 1000,
+                flow_shift: float | None = None) -> np.ndarray:
+    """NOVA's sampling sigmas [T + 1] (float64): sigma_0 = 1 ... sigma_{T-1}, then 0.
+
+    As NOVA's scheduler: the range's low end is the scheduler's own `shift` applied to 1/N (fixed at
+    construction); the T sigmas spaced linearly over it are then shifted by `flow_shift` (NOVA's
+    pipeline argument, scheduler.set_shift), which defaults to `shift`."""
     sigma_min = shift_sigmas(np.array([1.0 / num_train_timesteps]), shift)[0]
     base = np.linspace(1.0, sigma_min, num_steps, dtype=np.float64)
-    return np.append(shift_sigmas(base, shift), 0.0)
+    return np.append(shift_sigmas(base, shift if flow_shift is None else flow_shift), 0.0)
 
 
 class FlowSDESampler(Sampler):
@@ -41,7 +46,10 @@ class FlowSDESampler(Sampler):
         num_steps: T sampling steps.
         noise_level: a in sigma_hat = a sqrt(sigma / (1 - sigma)) (Flow-GRPO and MAR-GRPO use 0.7);
             0 makes the SDE the ODE.
-        shift: timestep shift of NOVA's scheduler (1 = none).
+        shift: timestep shift of NOVA's scheduler config (1 = none).
+        flow_shift: NOVA's pipeline `flow_shift` (its scheduler.set_shift): the shift of the sampling
+            sigmas, while their range keeps `shift`'s low end; None: `shift` (passing a pipeline's
+            flow_shift as `shift` instead gives another schedule).
         num_train_timesteps: N; the head's time input is sigma * N.
         mode: "sde" or "ode".
     """
@@ -54,6 +62,7 @@ class FlowSDESampler(Sampler):
         shift: float = 1.0,
         num_train_timesteps: int = 1000,
         mode: str = "sde",
+        flow_shift: float | None = None,
     ):
         if isinstance(num_steps, bool) or not isinstance(num_steps, (int, np.integer)) or num_steps < 1:
             raise ValueError(f"num_steps: got {num_steps!r}, expected a positive int")
@@ -61,6 +70,8 @@ class FlowSDESampler(Sampler):
             raise ValueError(f"noise_level: got {noise_level!r}, expected a finite float >= 0")
         if not _is_real(shift) or shift <= 0:
             raise ValueError(f"shift: got {shift!r}, expected a finite float > 0")
+        if flow_shift is not None and (not _is_real(flow_shift) or flow_shift <= 0):
+            raise ValueError(f"flow_shift: got {flow_shift!r}, expected None or a finite float > 0")
         if isinstance(num_train_timesteps, bool) or not isinstance(num_train_timesteps, (int, np.integer)) \
                 or num_train_timesteps < 1:
             raise ValueError(f"num_train_timesteps: got {num_train_timesteps!r}, expected a positive int")
@@ -71,7 +82,8 @@ class FlowSDESampler(Sampler):
         self.shift = float(shift)
         self.num_train_timesteps = int(num_train_timesteps)
         self.mode = mode
-        self.sigmas = flow_sigmas(self.num_steps, self.shift, self.num_train_timesteps)
+        self.flow_shift = None if flow_shift is None else float(flow_shift)
+        self.sigmas = flow_sigmas(self.num_steps, self.shift, self.num_train_timesteps, self.flow_shift)
         self._model_times = self.sigmas[:-1] * self.num_train_timesteps
         self._precompute()
 

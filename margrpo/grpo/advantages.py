@@ -13,13 +13,17 @@ def group_advantages(
     group_size: int,
     mode: str = "group",
     eps: float = 1e-4,
+    unbiased: bool = False,
 ) -> torch.Tensor:
     """rewards [B] laid out as consecutive groups of `group_size` samples of one prompt -> A [B].
 
     group:     (r - group mean) / (group std + eps)           (GRPO)
     batch_std: (r - group mean) / (std of the whole batch + eps)
     no_std:    r - group mean                                  (Dr. GRPO)
-    std is the population std (unbiased=False) so a group of identical rewards gives exactly 0.
+    std is the population std by default (unbiased=False: the advantages of a group have unit RMS
+    whatever its size); unbiased=True divides by n - 1 as the reference code does (torch's default),
+    which makes every advantage sqrt(G / (G - 1)) times larger (1.1547x for G = 4). A group of
+    identical rewards gives exactly 0 either way.
     """
     if rewards.ndim != 1:
         raise ValueError(f"rewards: expected a 1-D tensor [B], got shape {tuple(rewards.shape)}")
@@ -30,9 +34,9 @@ def group_advantages(
     r = rewards.double().view(-1, group_size)
     centered = r - r.mean(1, keepdim=True)
     if mode == "group":
-        centered = centered / (r.std(1, unbiased=False, keepdim=True) + eps)
+        centered = centered / (r.std(1, unbiased=unbiased, keepdim=True) + eps)
     elif mode == "batch_std":
-        centered = centered / (rewards.double().std(unbiased=False) + eps)
+        centered = centered / (rewards.double().std(unbiased=unbiased) + eps)
     return centered.view(-1).to(rewards.dtype)
 
 

@@ -27,6 +27,8 @@ class GRPOConfig:
     prompts_per_step: int = 8
     advantage: Literal["group", "batch_std", "no_std", "tracker"] = "group"
     advantage_eps: float = 1e-4
+    # the group (or batch) std of the advantages: population (1/G) or unbiased (1/(G-1), the reference code)
+    advantage_std: Literal["population", "unbiased"] = "population"
     drop_zero_variance: bool = False  # drop groups whose rewards are all equal (no signal)
     objective: Literal["clip", "reinforce"] = "clip"  # reinforce: the reference code's value-A/grad-A*dlogp
     clip_eps: float = 0.2
@@ -37,15 +39,30 @@ class GRPOConfig:
     micro_batch_over: Literal["images", "mask_steps"] = "images"
     minibatch_over: Literal["images", "mask_steps"] = "images"  # mask_steps: the reference's per-step updates
     aggregation: Literal["token_mean", "sample_mean"] = "token_mean"
+    # token weights (and the KL's) sum to 1 over the whole rollout batch, or within each optimizer
+    # update (the reference's per-mask-step normalisation, with minibatch_over: mask_steps)
+    normalization: Literal["batch", "update"] = "batch"
+    # a position's per-channel log-probs and KL: summed (its log-likelihood) or averaged (the NOVA
+    # reference's element mean); the two terms always use the same reduction
+    channel_reduction: Literal["sum", "mean"] = "sum"
     kl_beta: float = 0.01
     kl_type: Literal["gaussian", "k3_logp", "parity_mean_k3"] = "gaussian"
     head: Literal["frozen", "train", "low_lr"] = "frozen"
     head_lr_scale: float = 0.1  # for head: low_lr
     mte: bool = False  # multi-trajectory expectation on the most uncertain tokens (needs rollout.num_seeds >= 2)
     mte_ratio: float = 0.3
-    mte_pixels_per_token: int = 1  # > 1 ranks latent pixels (NOVA reference behaviour)
+    mte_include_rollout: bool = True  # MTE positions average all K+1 trajectories; false: the K seeds only (reference)
+    mte_k: Literal["floor", "reference"] = "floor"  # floor(ratio * N) positions, or the reference's max(1, int(ratio * N))
+    mte_random_positions: int = 0  # extra uniformly drawn MTE positions per image (the NOVA reference ORs in 1)
+    # > 1: top-k, consistency and the policy term work per latent pixel, a token's channels being P
+    # pixels (NOVA reference: 4 pixels of 4 channels per 16-channel token); the KL stays per token
+    pixels_per_token: int = 1
     consistency: bool = False  # consistency-aware selection (needs rollout.likelihood_positions: unknown)
     consistency_threshold: float = 0.0
     consistency_start_step: int = 2  # effective mask-step index from which it applies (third step)
     likelihood_cfg: Literal["rollout", "none"] = "rollout"  # none: the reference code's unguided likelihood
+    # the std of the training Gaussians: the current policy's (learned-range: a function of z, with
+    # gradient), or recorded_main: the rollout's recorded std of trajectory 0 as a constant for every
+    # trajectory (the Harmon reference). Equal for fixed-variance samplers.
+    likelihood_std: Literal["policy", "recorded_main"] = "policy"
     lora: LoRAConfig = field(default_factory=LoRAConfig)

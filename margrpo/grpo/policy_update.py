@@ -22,13 +22,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from margrpo import ops
 from margrpo.rollout import Rollout, RolloutChunk, rollout_logprob
 from margrpo.rollout.likelihood import RolloutLikelihood
 
 from .config import GRPOConfig
-from .objective import chunk_loss
-from .selection import consistency_keep, mte_token_mask
+from .objective import chunk_loss, grouped_token_weights, position_logp
+from .selection import consistency_keep, mte_mask
 
 STATS = ("loss", "policy", "kl", "clip_fraction", "approx_kl", "ratio_mean")
 
@@ -64,22 +63,65 @@ def likelihood(model, rollout: Rollout, config: GRPOConfig, steps=None, bf16: bo
 
 
 def token_selection(rollout: Rollout, config: GRPOConfig) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(keep bool [B, L]: the transitions in the policy term, mte bool [B, L] or None: those whose
-    term averages all trajectories). Consistency-aware selection applies from the effective mask step
-    config.consistency_start_step on; a step's committed tokens are always kept."""
-    B, M, N = rollout.batch_size, rollout.plan.num_mask_steps, rollout.num_tokens
-    keep = torch.ones(B, rollout.num_transitions, dtype=torch.bool, device=rollout.logp.device)
+    """(keep bool [B, L, P]: the positions in the policy term, mte bool [B, L, P] or None: those whose
+    term averages the trajectories), P = config.pixels_per_token positions per transition.
+    Consistency-aware selection applies from the effective mask step config.consistency_start_step
+    on; a step's committed tokens are always kept."""
+    B, M, N, P = rollout.batch_size, rollout.plan.num_mask_steps, rollout.num_tokens, config.pixels_per_token
+    keep = torch.ones(B, rollout.num_transitions, P, dtype=torch.bool, device=rollout.logp.device)
     if config.consistency:
-        per_step = torch.ones(B, M, N, dtype=torch.bool, device=keep.device)
+        per_step = torch.ones(B, M, N, P, dtype=torch.bool, device=keep.device)
         for j in range(M):
             if rollout.effective_index(j) >= config.consistency_start_step:
                 per_step[:, j] = consistency_keep(rollout.pred_clean_prev[:, j], rollout.pred_clean[:, j],
-                                                  rollout.tokens, rollout.committed(j), config.consistency_threshold)
+                                                  rollout.tokens, rollout.committed(j), config.consistency_threshold, P)
         keep = rollout.expand_to_l(per_step)
     mte = None
     if config.mte:
-        mte = rollout.expand_to_l(mte_token_mask(rollout.seed_tokens, config.mte_ratio, config.mte_pixels_per_token))
+        mte = rollout.expand_to_l(mte_mask(rollout.seed_tokens, config.mte_ratio, P, k_rule=config.mte_k,
+                                           random_positions=config.mte_random_positions))
     return keep, mte
+
+
+def update_weights(rollout: Rollout, keep: torch.Tensor, config: GRPOConfig, batches) -> tuple[torch.Tensor, torch.Tensor]:
+    """(policy weights [B, L, P], KL weights [B, L]) normalised over the batch or, with
+    config.normalization "update", within each optimizer update's transitions (`batches`: minibatches)."""
+    B, L, P = keep.shape
+    dtype = rollout.logp.dtype
+    groups = None
+    if config.normalization == "update":
+        groups = torch.full((B, L), -1, dtype=torch.long, device=keep.device)
+        for u, minibatch in enumerate(batches):
+            for images, steps in minibatch:
+                rows = torch.tensor(images, dtype=torch.long, device=keep.device)
+                cols = rollout.columns(steps)
+                if isinstance(cols, slice):
+                    groups[rows] = u
+                else:
+                    groups[rows[:, None], cols] = u
+    pixel_groups = None if groups is None else groups[..., None].expand(B, L, P).reshape(B, L * P)
+    weights = grouped_token_weights(keep.reshape(B, L * P), config.aggregation, dtype, pixel_groups).view(B, L, P)
+    kl_weights = grouped_token_weights(torch.ones(B, L, dtype=torch.bool, device=keep.device), "token_mean", dtype, groups)
+    return weights, kl_weights
+
+
+def positions_from_means(config: GRPOConfig) -> bool:
+    """Whether the policy term's log-probs are rebuilt from the likelihood's means (per latent pixel,
+    or with the recorded std) instead of taken from its per-token log-probs."""
+    return config.pixels_per_token > 1 or config.likelihood_std == "recorded_main"
+
+
+def loss_std(chunk: RolloutChunk, config: GRPOConfig) -> torch.Tensor:
+    """[T, b, l, C]: the std of the policy term's Gaussians when rebuilt from the means: the recorded
+    std of every trajectory (the policy's for fixed variance), or trajectory 0's for all
+    (likelihood_std: recorded_main, the Harmon reference)."""
+    std = chunk.std
+    return std[:1].expand_as(std) if config.likelihood_std == "recorded_main" else std
+
+
+def _take_positions(chunk: RolloutChunk, values: torch.Tensor) -> torch.Tensor:
+    """Per-position values [B, L, P] of the whole rollout -> this chunk's [b, l * P]."""
+    return chunk.take(values.movedim(-1, 0)).movedim(0, -1).flatten(1)
 
 
 def minibatches(rollout: Rollout, config: GRPOConfig) -> list[list[tuple[list[int], list[int] | None]]]:
@@ -107,15 +149,23 @@ def minibatches(rollout: Rollout, config: GRPOConfig) -> list[list[tuple[list[in
 def _chunk_loss(policy, chunk: RolloutChunk, advantages, weights, mte, kl_weights, config: GRPOConfig, bf16: bool):
     """The loss of one chunk, recomputed with gradient under the policy."""
     lik = likelihood(policy, chunk.rollout, config, steps=chunk.steps, bf16=bf16)
-    old = lik.logp.detach() if config.objective == "reinforce" else chunk.old_logp
+    if positions_from_means(config):
+        x_prev, std, P = chunk.take(chunk.source.x_prev), loss_std(chunk, config), config.pixels_per_token
+        logp = position_logp(x_prev, lik.mean.to(x_prev.dtype), std, P)
+        old = position_logp(x_prev, chunk.take(chunk.source.mean), std, P)  # the recorded means (checked in update)
+    else:
+        logp, old = lik.logp, chunk.old_logp
+    if config.objective == "reinforce":
+        old = logp.detach()
     kl_beta = config.kl_beta if chunk.ref_logp is not None else 0.0
     rows = torch.tensor(chunk.images, dtype=torch.long, device=advantages.device)
     return chunk_loss(
-        lik.logp, old, advantages.index_select(0, rows), chunk.take(weights),
-        mte_mask=None if mte is None else chunk.take(mte), clip_eps=config.clip_eps,
+        logp, old, advantages.index_select(0, rows), _take_positions(chunk, weights),
+        mte_mask=None if mte is None else _take_positions(chunk, mte), clip_eps=config.clip_eps,
         clip_eps_high=config.clip_eps_high, kl_beta=kl_beta, kl_type=config.kl_type,
-        kl_weights=chunk.take(kl_weights), mean=lik.mean, std=chunk.std, ref_mean=chunk.ref_mean,
-        ref_logp=chunk.ref_logp,
+        kl_weights=chunk.take(kl_weights), mean=lik.mean, std=loss_std(chunk, config), ref_mean=chunk.ref_mean,
+        ref_logp=chunk.ref_logp, mte_include_rollout=config.mte_include_rollout,
+        channel_reduction=config.channel_reduction, pixels_per_token=config.pixels_per_token,
     )
 
 
@@ -138,11 +188,24 @@ def update(policy, reference, rollout: Rollout, advantages: torch.Tensor, config
     if config.kl_beta > 0 and reference is None:
         raise ValueError(f"reference: got None with grpo.kl_beta={config.kl_beta}, expected the frozen reference "
                          "policy (or set kl_beta to 0)")
+    recompute_old = config.likelihood_cfg == "none" and rollout.config.uses_cfg and config.objective == "clip"
+    if positions_from_means(config):
+        if config.pixels_per_token > 1 and config.likelihood_std == "policy" \
+                and getattr(rollout.sampler, "variance_type", None) == "learned_range":
+            raise ValueError(
+                f"pixels_per_token: {config.pixels_per_token} rebuilds the log-probs from the recorded std, which a "
+                "learned-range variance (this rollout's sampler) does not fix; set likelihood_std: recorded_main "
+                "or pixels_per_token: 1")
+        if recompute_old:
+            raise ValueError(
+                f"objective: 'clip' with likelihood_cfg 'none' on a guided rollout and pixels_per_token="
+                f"{config.pixels_per_token} / likelihood_std={config.likelihood_std!r} is not supported (the old "
+                "log-probs would need the unguided means); use objective 'reinforce' or the defaults")
     keep, mte = token_selection(rollout, config)
-    weights = ops.token_weights(keep, config.aggregation, rollout.logp.dtype)
-    kl_weights = torch.full_like(weights, 1.0 / max(1, weights.numel()))
+    batches = minibatches(rollout, config)
+    weights, kl_weights = update_weights(rollout, keep, config, batches)
 
-    if config.likelihood_cfg == "none" and rollout.config.uses_cfg and config.objective == "clip":
+    if recompute_old:
         with torch.no_grad():  # old log-probs under the same (unguided) likelihood as the update
             rollout = rollout.with_update_values(old_logp=likelihood(policy, rollout, config, bf16=bf16).logp)
     policy.train()
@@ -156,7 +219,7 @@ def update(policy, reference, rollout: Rollout, advantages: torch.Tensor, config
     sums = dict.fromkeys(STATS, 0.0)
     ratio_max, grad_norms = 1.0, []
     for _ in range(config.inner_epochs):
-        for minibatch in minibatches(rollout, config):
+        for minibatch in batches:
             optimizer.zero_grad(set_to_none=True)
             for images, steps in minibatch:  # micro-batches accumulate into one optimizer step
                 out = _chunk_loss(policy, rollout.chunk(images, steps), advantages, weights, mte, kl_weights,

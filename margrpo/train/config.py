@@ -83,9 +83,11 @@ class TrainerConfig:
                 "grpo.consistency: true needs rollout.likelihood_positions: unknown (with 'revealed' every "
                 "transition is a committed token, which consistency always keeps); set one or the other"
             )
-        for name in ("inner_epochs", "minibatches", "micro_batches", "prompts_per_step"):
+        for name in ("inner_epochs", "minibatches", "micro_batches", "prompts_per_step", "pixels_per_token"):
             if getattr(g, name) < 1:
                 raise ConfigError(f"grpo.{name}: got {getattr(g, name)}, expected >= 1")
+        if g.mte_random_positions < 0:
+            raise ConfigError(f"grpo.mte_random_positions: got {g.mte_random_positions}, expected >= 0")
         lora = g.lora
         if lora.rank < 0:
             raise ConfigError(f"grpo.lora.rank: got {lora.rank}, expected >= 0 (0 turns LoRA off)")

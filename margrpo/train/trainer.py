@@ -201,7 +201,8 @@ class Trainer:
             all_prompts = dist_utils.all_gather_objects(prompts)
             advantages = self.tracker(all_prompts, all_rewards)
         else:
-            advantages = adv_mod.group_advantages(all_rewards, g.group_size, g.advantage, g.advantage_eps)
+            advantages = adv_mod.group_advantages(all_rewards, g.group_size, g.advantage, g.advantage_eps,
+                                                  unbiased=g.advantage_std == "unbiased")
         if g.drop_zero_variance:
             advantages = advantages * ~adv_mod.zero_variance_groups(all_rewards, g.group_size)
         mine = slice(self.rank * rewards.numel(), (self.rank + 1) * rewards.numel())
