@@ -206,7 +206,9 @@ def run(out_dir: str | Path, tiny: bool = False, device: str | torch.device | No
     trainable = model.trainable_parameters()
     for p in trainable:
         p.requires_grad_(True)
-    optimizer = torch.optim.AdamW(trainable, lr=1e-6)
+    # lr 0: the optimizer does all its work but the weights stay put, so the interleaved timed rounds of
+    # both paths run on the same model (compounding updates of two paths made the tiny model diverge)
+    optimizer = torch.optim.AdamW(trainable, lr=0.0)
     sampler = model.make_sampler(setting.diffusion_steps)
     config = RolloutConfig(num_mask_steps=setting.mask_steps, schedule="harmon", cfg_scale=3.0, cfg_channels="eps",
                            num_seeds=setting.num_seeds, record_mask_steps=setting.record_mask_steps,
