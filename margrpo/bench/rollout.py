@@ -38,7 +38,6 @@ from torch import nn
 from margrpo.bench.denoise import CASES, build, make_sampler
 from margrpo.bench.timing import median_ms
 from margrpo.bench.machine import JsonReport, split_choices
-from margrpo.heads import reinit_zero_layers_
 from margrpo.heads.reference import eager_multi_seed_denoise
 from margrpo.models.base import PromptBatch
 from margrpo.rollout import RolloutConfig, effective_steps, generate, group_seeds, mask_schedule
