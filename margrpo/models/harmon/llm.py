@@ -99,5 +99,6 @@ def image_states(llm: nn.Module, prompt: PromptKV, image: torch.Tensor) -> torch
     mask = torch.cat([prompt.mask, prompt.mask.new_ones(batch, length)], 1)
     positions = (mask.long().cumsum(1) - 1)[:, -length:]
     cache = {_cache_keyword(type(model).forward): _new_cache(prompt.tensors)}
-    output = model(inputs_embeds=image, attention_mask=causal_bias(mask, length, image.dtype), position_ids=positions, use_cache=True, **cache)
+    bias = causal_bias(mask, length, image.dtype)
+    output = model(inputs_embeds=image, attention_mask=bias, position_ids=positions, use_cache=True, **cache)
     return output.last_hidden_state
