@@ -392,20 +392,14 @@ def oracle(name: str, scratch: Path, cache_dir: Path, hps_size: str) -> dict:
                              "clipscore", {**options, "mode": "torchmetrics"}, imgs, prompts))
         result["batch"] = {"official": official["batch"], "margrpo": max(sum(tm) / len(tm), 0.0)}
         result["model"] = "tiny CLIP (16-token context, so prompts over 16 tokens are cut), mode='torchmetrics'"
-    elif name == "pickscore":
-        options = synthetic.write("pickscore", scratch, "tiny")
-        imgs, prompts = cases(images)
-        result = compare(name, official_pickscore(options, imgs, prompts),
-                         margrpo_scores("pickscore", options, imgs, prompts), imgs, prompts,
-                         on_processor_pixels=margrpo_on_processor_pixels("pickscore", options, imgs, prompts))
-        result["model"] = "tiny CLIP (16-token context)"
-    elif name == "aesthetic":
-        options = synthetic.write("aesthetic", scratch, "tiny")
-        imgs, prompts = images, [PROMPTS[0]] * len(images)
-        result = compare(name, official_aesthetic(options, imgs, prompts),
-                         margrpo_scores("aesthetic", options, imgs, prompts), imgs, prompts,
-                         on_processor_pixels=margrpo_on_processor_pixels("aesthetic", options, imgs, prompts))
-        result["model"] = "tiny CLIP + the published head layout"
+    elif name in ("pickscore", "aesthetic"):  # CLIP-based: compared on our pixels and the processor's
+        options = synthetic.write(name, scratch, "tiny")
+        imgs, prompts = cases(images) if name == "pickscore" else (images, [PROMPTS[0]] * len(images))
+        official = official_pickscore if name == "pickscore" else official_aesthetic
+        result = compare(name, official(options, imgs, prompts),
+                         margrpo_scores(name, options, imgs, prompts), imgs, prompts,
+                         on_processor_pixels=margrpo_on_processor_pixels(name, options, imgs, prompts))
+        result["model"] = "tiny CLIP (16-token context)" if name == "pickscore" else "tiny CLIP + the published head layout"
     elif name == "git_vqa":
         options = synthetic.write("git_vqa", scratch, "tiny")
         imgs = [image for image in images for _ in GIT_METADATA]

@@ -298,20 +298,24 @@ def test_kl_reduction_matches_the_policy_term(model):
     assert updates_differ(flipped.ours(), reference)
 
 
+def assert_point(model, settings, flips, **reference_terms):
+    """The preset's update matches the reference's on this point, and each of `flips` (the default's
+    value of one option) breaks the match, so the test can fail."""
+    case = Case(model, settings)
+    reference = reference_losses(case, **reference_terms)
+    assert_updates_match(case.ours(), reference)
+    for change in flips:
+        assert updates_differ(Case(model, settings + [change]).ours(), reference), change
+
+
 def test_mte_weighs_the_seeds_only():
     """2. MTE positions: the rollout's own chain weighs 0, each of the K seeds 1/K."""
-    case = Case("harmon", only(mte=True))
-    reference = reference_losses(case, mte=True, consistency=False, beta=0.0)
-    assert_updates_match(case.ours(), reference)
-    assert updates_differ(Case("harmon", only(mte=True) + ["grpo.mte_include_rollout=true"]).ours(), reference)
+    assert_point("harmon", only(mte=True), ["grpo.mte_include_rollout=true"], mte=True, consistency=False, beta=0.0)
 
 
 def test_harmon_recorded_main_chain_std():
     """3. Learned range: the rollout's std of trajectory 0 as a constant, for every trajectory."""
-    case = Case("harmon", only(mte=True))
-    reference = reference_losses(case, mte=True, consistency=False, beta=0.0)
-    assert_updates_match(case.ours(), reference)
-    assert updates_differ(Case("harmon", only(mte=True) + ["grpo.likelihood_std=policy"]).ours(), reference)
+    assert_point("harmon", only(mte=True), ["grpo.likelihood_std=policy"], mte=True, consistency=False, beta=0.0)
 
 
 @pytest.mark.parametrize("model", ["nova", "harmon"])
@@ -338,19 +342,13 @@ def test_per_mask_step_normalisation_one_update_each(model):
 
 def test_nova_top_k_per_pixel_with_one_random_pixel():
     """6a. NOVA ranks latent pixels (not tokens) and ORs in one random pixel."""
-    case = Case("nova", only(mte=True))
-    reference = reference_losses(case, mte=True, consistency=False, beta=0.0)
-    assert_updates_match(case.ours(), reference)
-    for change in ("grpo.pixels_per_token=1", "grpo.mte_random_positions=0"):
-        assert updates_differ(Case("nova", only(mte=True) + [change]).ours(), reference), change
+    assert_point("nova", only(mte=True), ["grpo.pixels_per_token=1", "grpo.mte_random_positions=0"],
+                 mte=True, consistency=False, beta=0.0)
 
 
 def test_nova_consistency_per_pixel():
     """6b. NOVA's consistency compares each latent pixel's 4 channels, not a token's 16."""
-    case = Case("nova", only(consistency=True))
-    reference = reference_losses(case, mte=False, consistency=True, beta=0.0)
-    assert_updates_match(case.ours(), reference)
-    assert updates_differ(Case("nova", only(consistency=True) + ["grpo.pixels_per_token=1"]).ours(), reference)
+    assert_point("nova", only(consistency=True), ["grpo.pixels_per_token=1"], mte=False, consistency=True, beta=0.0)
 
 
 def test_harmon_consistency_per_token():

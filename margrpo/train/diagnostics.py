@@ -45,10 +45,11 @@ def first_update_log_ratio(trainer, rollout) -> float:
         return 0.0
     from margrpo.grpo.policy_update import likelihood
 
-    trainer.policy.train()
+    was_training = trainer.policy.training
+    trainer.policy.train()  # the update's forward mode
     with torch.no_grad():
         logp = likelihood(trainer.policy, rollout, trainer.config.grpo, bf16=trainer.config.optim.bf16).logp
-    trainer.policy.eval()
+    trainer.policy.train(was_training)
     return float((logp.double() - rollout.logp.double()).abs().max())
 
 
