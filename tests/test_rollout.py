@@ -512,6 +512,25 @@ def test_plan_never_picks_deterministic_or_empty_steps(sampler):
         choose_plan(counts, sampler, 2, 6, torch.Generator())
 
 
+def test_plan_diffusion_range_limits_the_candidates(sampler):
+    counts = schedule.nova_schedule(12, 6)
+    seen = set()
+    for seed in range(20):
+        plan = choose_plan(counts, sampler, 3, 2, torch.Generator().manual_seed(seed), diffusion_range=(1, None))
+        for steps in plan.diffusion_steps:
+            assert 0 not in steps and 5 not in steps  # below start; deterministic
+            seen.update(steps)
+    assert seen == {1, 2, 3, 4}
+    plan = choose_plan(counts, sampler, 2, 2, torch.Generator().manual_seed(0), diffusion_range=(0, 2))
+    assert all(steps == (0, 1) for steps in plan.diffusion_steps)
+    with pytest.raises(ValueError, match=r"record_diffusion_range \[3, 4\]"):
+        choose_plan(counts, sampler, 2, 2, torch.Generator(), diffusion_range=(3, 4))
+    for bad in ([0], [3, 2], [-1, None], [None, 3], [1.5, None]):
+        with pytest.raises(ValueError, match="record_diffusion_range"):
+            RolloutConfig(record_diffusion_range=bad)
+    assert RolloutConfig(record_diffusion_range=[1, None]).record_diffusion_range == (1, None)
+
+
 def test_bad_input_names_the_argument(backbone, sampler):
     from margrpo.rollout import generate, rollout_logprob
 

@@ -23,7 +23,11 @@ class RolloutConfig:
     sampled under the same z as the main one (trajectory 0) in one batched head pass.
 
     Recording for the likelihood: `record_mask_steps` effective mask steps and, in each,
-    `record_diffusion_steps` stochastic diffusion steps, drawn before the rollout.
+    `record_diffusion_steps` stochastic diffusion steps, drawn before the rollout, among the steps
+    start <= i < stop of `record_diffusion_range` (None: all; stop None: to the end; 0 = noisiest).
+    Skipping step 0 matters for epsilon-prediction DDPM with a cosine schedule: its beta is clipped
+    near 1, so the transition's mean is the eps prediction amplified about 30x, and its score
+    dominates the gradient's variance while its sample barely shapes the image (docs/METHOD.md).
     `likelihood_positions` says which tokens of a recorded mask step enter the likelihood:
     "revealed" (default: the tokens actually sampled into the image at that step, an exact policy
     gradient) or "unknown" (the paper / reference code: every position still masked before the
@@ -51,6 +55,7 @@ class RolloutConfig:
     num_seeds: int = 0
     record_mask_steps: int = 12
     record_diffusion_steps: int = 10
+    record_diffusion_range: tuple[int | None, ...] | None = None  # (start, stop)
     likelihood_positions: Literal["revealed", "unknown"] = "revealed"
     known_mask: Literal["pre_step", "post_step"] = "pre_step"
 
@@ -74,6 +79,13 @@ class RolloutConfig:
              "an integer >= 0")
         need(isinstance(self.record_diffusion_steps, int) and self.record_diffusion_steps >= 1,
              "record_diffusion_steps", "an integer >= 1")
+        window = self.record_diffusion_range
+        need(window is None or (isinstance(window, (tuple, list)) and len(window) == 2
+                                and isinstance(window[0], int) and window[0] >= 0
+                                and (window[1] is None or (isinstance(window[1], int) and window[1] > window[0]))),
+             "record_diffusion_range", "null or [start, stop] with integers 0 <= start < stop (stop null: to the end)")
+        if window is not None:
+            self.record_diffusion_range = (window[0], window[1])
         need(self.likelihood_positions in ("revealed", "unknown"), "likelihood_positions", "'revealed' or 'unknown'")
         need(self.known_mask in ("pre_step", "post_step"), "known_mask", "'pre_step' or 'post_step'")
         if self.record_mask_steps > 0:

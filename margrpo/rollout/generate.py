@@ -124,7 +124,7 @@ def generate(
     if plan is None:
         plan_rng = torch.Generator().manual_seed(plan_seed(seeds))
         plan = choose_plan(counts, sampler, config.record_mask_steps, config.record_diffusion_steps, plan_rng,
-                           known_mask=config.known_mask)
+                           known_mask=config.known_mask, diffusion_range=config.record_diffusion_range)
     _check_plan(plan, counts, sampler, config)
 
     order, noise_bank = _draw_randomness(seeds, N, diff_steps, K + 1, C, device, dtype)

@@ -46,16 +46,23 @@ def choose_plan(
     num_diffusion_steps: int,
     generator: torch.Generator,
     known_mask: str = "pre_step",
+    diffusion_range: tuple[int, int | None] | None = None,
 ) -> RecordPlan:
     """Draw `num_mask_steps` distinct effective mask steps and, for each, `num_diffusion_steps`
     distinct stochastic diffusion steps, uniformly without replacement (CPU `generator`).
-    known_mask: the RolloutConfig setting; "post_step" leaves out the final effective step."""
+    known_mask: the RolloutConfig setting; "post_step" leaves out the final effective step.
+    diffusion_range: (start, stop) limits the diffusion steps to start <= i < stop (stop None: to the
+    end); None: every stochastic step."""
     if known_mask not in ("pre_step", "post_step"):
         raise ValueError(f"known_mask: got {known_mask!r}, expected 'pre_step' or 'post_step'")
     candidates_mask = effective_steps(reveal_counts)
     if known_mask == "post_step":
         candidates_mask = candidates_mask[:-1]
     candidates_diff = stochastic_steps(sampler)
+    if diffusion_range is not None:
+        start, stop = diffusion_range
+        stop = sampler.num_steps if stop is None else stop
+        candidates_diff = [i for i in candidates_diff if start <= i < stop]
     if not 0 <= num_mask_steps <= len(candidates_mask):
         what = "reveal tokens and leave some unknown" if known_mask == "post_step" else "reveal tokens"
         raise ValueError(
@@ -65,7 +72,8 @@ def choose_plan(
     if not 1 <= num_diffusion_steps <= len(candidates_diff):
         raise ValueError(
             f"record_diffusion_steps: got {num_diffusion_steps}, expected 1..{len(candidates_diff)} "
-            f"(the sampler has {len(candidates_diff)} stochastic steps of {sampler.num_steps})"
+            f"(the sampler has {len(candidates_diff)} stochastic steps of {sampler.num_steps}"
+            + (f" in record_diffusion_range {list(diffusion_range)}" if diffusion_range is not None else "") + ")"
         )
     picked = torch.randperm(len(candidates_mask), generator=generator)[:num_mask_steps]
     mask_steps = tuple(sorted(candidates_mask[i] for i in picked.tolist()))

@@ -192,7 +192,7 @@ class Trainer:
         counts = mask_schedule(self.policy.num_tokens, cfg.num_mask_steps, cfg.schedule)
         rng = torch.Generator().manual_seed(self.config.run.seed * 7_919 + step)  # same plan on every rank
         return choose_plan(counts, self.sampler, cfg.record_mask_steps, cfg.record_diffusion_steps, rng,
-                           known_mask=cfg.known_mask)
+                           known_mask=cfg.known_mask, diffusion_range=cfg.record_diffusion_range)
 
     def _advantages(self, rewards: torch.Tensor, prompts: list[str]) -> torch.Tensor:
         g = self.config.grpo
