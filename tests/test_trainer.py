@@ -191,7 +191,7 @@ def test_two_process_gloo_matches_one_process(tmp_path, tiny_checkpoint):
     subprocess.run([sys.executable, "-m", "margrpo.cli", "train", "--config", str(ROOT / "tests" / "empty.yaml"),
                     *common, *one], check=True, env=env, capture_output=True, timeout=300)
     result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29517",
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
          "-m", "margrpo.cli", "train", "--config", str(ROOT / "tests" / "empty.yaml"), *common, *two],
         env=env, capture_output=True, text=True, timeout=300,
     )

@@ -29,7 +29,9 @@ class GRPOConfig:
     advantage_eps: float = 1e-4
     # the group (or batch) std of the advantages: population (1/G) or unbiased (1/(G-1), the reference code)
     advantage_std: Literal["population", "unbiased"] = "population"
-    drop_zero_variance: bool = False  # drop groups whose rewards are all equal (no signal)
+    # drop groups whose rewards are all equal (no signal) from the policy term and its token-weight
+    # normaliser, in every advantage mode (the KL still covers them)
+    drop_zero_variance: bool = False
     objective: Literal["clip", "reinforce"] = "clip"  # reinforce: the reference code's value-A/grad-A*dlogp
     clip_eps: float = 0.2
     clip_eps_high: Optional[float] = None

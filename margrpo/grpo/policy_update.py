@@ -5,9 +5,10 @@
 
 In order: the token selection (consistency-aware selection, uncertainty top-k for the multi-trajectory
 expectation), the token weights (normalised once over the batch), the old log-probs when the update
-scores without the rollout's guidance, the frozen reference's likelihood for the KL, then per epoch
-and optimizer minibatch: the loss of every micro-batch (images x recorded mask steps) recomputed with
-gradient under the policy, backward, gradient averaging over ranks, clipping and one optimizer step.
+scores under another guidance or other numerics than the rollout (`rescores_old`), the frozen
+reference's likelihood for the KL, then per epoch and optimizer minibatch: the loss of every
+micro-batch (images x recorded mask steps) recomputed with gradient under the policy, backward,
+gradient averaging over ranks, clipping and one optimizer step.
 
 The trainer (margrpo.train), `margrpo bench step` and the GPU benchmarks all run this function. It
 reads no model code beyond the MARBackbone interface that margrpo.rollout.rollout_logprob uses, and
@@ -146,13 +147,42 @@ def minibatches(rollout: Rollout, config: GRPOConfig) -> list[list[tuple[list[in
     return out
 
 
+def rescores_old(policy, rollout: Rollout, config: GRPOConfig, bf16: bool) -> bool:
+    """Whether the ratio's old log-probs must be rescored by the training likelihood instead of taken
+    from the rollout: when it scores without the rollout's guidance (likelihood_cfg none), or under
+    other numerics (bf16 autocast, or half-precision weights, which the rollout's fused multi-seed
+    path and the likelihood round differently), the first update would be off-policy by that
+    difference alone (bf16 on the tiny model: ratio_max 2.5 at step 0)."""
+    if config.objective != "clip":  # reinforce: no ratio
+        return False
+    unguided = config.likelihood_cfg == "none" and rollout.config.uses_cfg
+    half = any(p.dtype in (torch.bfloat16, torch.float16) for p in policy.parameters())
+    return unguided or bf16 or half
+
+
+def old_values(policy, rollout: Rollout, config: GRPOConfig, batches, bf16: bool) -> Rollout:
+    """`rollout` with old log-probs and means scored by the training likelihood without gradient,
+    chunk by chunk as the update's first epoch scores them, so that epoch's ratio is 1 to rounding."""
+    old_logp, old_mean = rollout.logp.clone(), rollout.mean.clone()
+    with torch.no_grad():
+        for minibatch in batches:
+            for images, steps in minibatch:
+                chunk = rollout.chunk(images, steps)
+                lik = likelihood(policy, chunk.rollout, config, steps=chunk.steps, bf16=bf16)
+                rows = torch.tensor(images, dtype=torch.long, device=old_logp.device)
+                cols = rollout.columns(steps)
+                at = (slice(None), rows) if isinstance(cols, slice) else (slice(None), rows[:, None], cols[None])
+                old_logp[at], old_mean[at] = lik.logp.to(old_logp.dtype), lik.mean.to(old_mean.dtype)
+    return rollout.with_update_values(old_logp=old_logp, old_mean=old_mean)
+
+
 def _chunk_loss(policy, chunk: RolloutChunk, advantages, weights, mte, kl_weights, config: GRPOConfig, bf16: bool):
     """The loss of one chunk, recomputed with gradient under the policy."""
     lik = likelihood(policy, chunk.rollout, config, steps=chunk.steps, bf16=bf16)
     if positions_from_means(config):
         x_prev, std, P = chunk.take(chunk.source.x_prev), loss_std(chunk, config), config.pixels_per_token
         logp = position_logp(x_prev, lik.mean.to(x_prev.dtype), std, P)
-        old = position_logp(x_prev, chunk.take(chunk.source.mean), std, P)  # the recorded means (checked in update)
+        old = position_logp(x_prev, chunk.old_mean, std, P)
     else:
         logp, old = lik.logp, chunk.old_logp
     if config.objective == "reinforce":
@@ -170,15 +200,18 @@ def _chunk_loss(policy, chunk: RolloutChunk, advantages, weights, mte, kl_weight
 
 
 def update(policy, reference, rollout: Rollout, advantages: torch.Tensor, config: GRPOConfig, optimizer, *,
-           grad_clip: float = 1.0, bf16: bool = False, collectives: Collectives | None = None) -> UpdateResult:
+           grad_clip: float = 1.0, bf16: bool = False, collectives: Collectives | None = None,
+           samples: torch.Tensor | None = None) -> UpdateResult:
     """One GRPO update of `policy` (a MARBackbone whose trainable parameters `optimizer` steps) on
     `rollout` (margrpo.rollout.generate, by the policy in the mode it is in now) with advantages [B].
 
     reference: the frozen reference policy of the KL term (a module), a context manager that yields
     it (e.g. the policy with its LoRA adapters disabled), or None when config.kl_beta is 0. Old
-    log-probs that need recomputing are scored in the policy's current mode (the rollout's); the
-    policy then trains in training mode, and a reference module runs in the same mode.
+    log-probs that need recomputing (`rescores_old`) are scored in the policy's current mode (the
+    rollout's); the policy then trains in training mode, and a reference module runs in the same mode.
     grad_clip: max gradient norm per optimizer step; bf16: autocast the likelihood forwards.
+    samples: bool [B], the images whose transitions enter the policy term and its token-weight
+    normaliser (None: all; grpo.drop_zero_variance leaves out groups of identical rewards).
     The gradients are zeroed before every optimizer step, so `optimizer` sees only this update's.
     """
     collectives = collectives or Collectives()
@@ -188,26 +221,22 @@ def update(policy, reference, rollout: Rollout, advantages: torch.Tensor, config
     if config.kl_beta > 0 and reference is None:
         raise ValueError(f"reference: got None with grpo.kl_beta={config.kl_beta}, expected the frozen reference "
                          "policy (or set kl_beta to 0)")
-    recompute_old = config.likelihood_cfg == "none" and rollout.config.uses_cfg and config.objective == "clip"
-    if positions_from_means(config):
-        if config.pixels_per_token > 1 and config.likelihood_std == "policy" \
-                and getattr(rollout.sampler, "variance_type", None) == "learned_range":
-            raise ValueError(
-                f"pixels_per_token: {config.pixels_per_token} rebuilds the log-probs from the recorded std, which a "
-                "learned-range variance (this rollout's sampler) does not fix; set likelihood_std: recorded_main "
-                "or pixels_per_token: 1")
-        if recompute_old:
-            raise ValueError(
-                f"objective: 'clip' with likelihood_cfg 'none' on a guided rollout and pixels_per_token="
-                f"{config.pixels_per_token} / likelihood_std={config.likelihood_std!r} is not supported (the old "
-                "log-probs would need the unguided means); use objective 'reinforce' or the defaults")
+    if config.pixels_per_token > 1 and config.likelihood_std == "policy" \
+            and getattr(rollout.sampler, "variance_type", None) == "learned_range":
+        raise ValueError(
+            f"pixels_per_token: {config.pixels_per_token} rebuilds the log-probs from the recorded std, which a "
+            "learned-range variance (this rollout's sampler) does not fix; set likelihood_std: recorded_main "
+            "or pixels_per_token: 1")
+    if samples is not None and samples.shape != (B,):
+        raise ValueError(f"samples: got shape {tuple(samples.shape)}, expected ({B},), one flag per image of rollout")
     keep, mte = token_selection(rollout, config)
+    if samples is not None:
+        keep = keep & samples.to(keep.device)[:, None, None]
     batches = minibatches(rollout, config)
     weights, kl_weights = update_weights(rollout, keep, config, batches)
 
-    if recompute_old:
-        with torch.no_grad():  # old log-probs under the same (unguided) likelihood as the update
-            rollout = rollout.with_update_values(old_logp=likelihood(policy, rollout, config, bf16=bf16).logp)
+    if rescores_old(policy, rollout, config, bf16):
+        rollout = old_values(policy, rollout, config, batches, bf16)
     policy.train()
     if config.kl_beta > 0:
         context = contextlib.nullcontext(reference) if isinstance(reference, torch.nn.Module) else reference

@@ -46,7 +46,7 @@ from .plan import RecordPlan
 RECORDED = ("x_t", "x_prev", "mean", "std", "logp")  # the per-transition fields, in the head's names
 # the trajectory-first fields (transitions [T, B, L, ...], seed tokens [K, B, N, C]): their image
 # axis is 1; every other tensor field's is 0
-TRAJECTORY_FIRST = (*RECORDED, "old_logp", "ref_logp", "ref_mean", "seed_tokens")
+TRAJECTORY_FIRST = (*RECORDED, "old_logp", "old_mean", "ref_logp", "ref_mean", "seed_tokens")
 
 
 def head_to_rollout(values: torch.Tensor, B: int, P: int) -> torch.Tensor:
@@ -93,8 +93,9 @@ class Rollout:
     Shared by the batch (plain Python): reveal_counts (S ints), plan, cfg_scales (the guidance scale
     used at each recorded step), config, sampler.
     Set by a GRPO update before its loss (None until then; `with_update_values`), [T, B, L(, C)]:
-      old_logp           the log-probs the update's ratio divides by, when they are not `logp`
-                         (an update that scores without the rollout's guidance recomputes them)
+      old_logp, old_mean the log-probs the update's ratio divides by, and their means, when they
+                         are not `logp` and `mean` (an update whose likelihood differs from the
+                         rollout's, in guidance or numerics, rescores them)
       ref_logp, ref_mean the frozen reference policy's log-probs and means of the transitions
 
     Float tensors are fp32 (fp64 when the backbone is fp64, for exact tests).
@@ -125,6 +126,7 @@ class Rollout:
     config: RolloutConfig
     sampler: Any
     old_logp: torch.Tensor | None = None
+    old_mean: torch.Tensor | None = None
     ref_logp: torch.Tensor | None = None
     ref_mean: torch.Tensor | None = None
 
@@ -276,13 +278,13 @@ class Rollout:
             fields[name] = tensor.index_select(1 if name in TRAJECTORY_FIRST else 0, rows_t.to(tensor.device))
         return dataclasses.replace(self, prompts=[self.prompts[i] for i in rows], **fields)
 
-    def with_update_values(self, *, old_logp: torch.Tensor | None = None, ref_logp: torch.Tensor | None = None,
-                           ref_mean: torch.Tensor | None = None) -> Rollout:
+    def with_update_values(self, *, old_logp: torch.Tensor | None = None, old_mean: torch.Tensor | None = None,
+                           ref_logp: torch.Tensor | None = None, ref_mean: torch.Tensor | None = None) -> Rollout:
         """A copy carrying the values a GRPO update scores against (see the class docstring); the
-        ones given must have the shape of logp (ref_mean: of mean)."""
-        given = {"old_logp": old_logp, "ref_logp": ref_logp, "ref_mean": ref_mean}
+        ones given must have the shape of logp (old_mean, ref_mean: of mean)."""
+        given = {"old_logp": old_logp, "old_mean": old_mean, "ref_logp": ref_logp, "ref_mean": ref_mean}
         for name, value in given.items():
-            like = self.mean if name == "ref_mean" else self.logp
+            like = self.mean if name.endswith("_mean") else self.logp
             if value is not None and value.shape != like.shape:
                 raise ValueError(f"{name}: got shape {tuple(value.shape)}, expected {tuple(like.shape)} [T, B, L...]")
         return dataclasses.replace(self, **{k: v for k, v in given.items() if v is not None})
@@ -338,6 +340,12 @@ class RolloutChunk:
         """[T, b, l]: the log-probs the ratio divides by (the recorded logp unless an update set old_logp)."""
         source = self.source
         return self.take(source.logp if source.old_logp is None else source.old_logp)
+
+    @property
+    def old_mean(self) -> torch.Tensor:
+        """[T, b, l, C]: the means of the old policy's transitions (the recorded mean unless an update set old_mean)."""
+        source = self.source
+        return self.take(source.mean if source.old_mean is None else source.old_mean)
 
     @property
     def std(self) -> torch.Tensor:

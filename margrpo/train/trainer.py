@@ -14,6 +14,7 @@ import math
 import signal
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -228,9 +229,12 @@ class Trainer:
 
         t0 = time.perf_counter()
         advantages = self._advantages(rewards, prompts)
+        # grpo.drop_zero_variance: groups of identical rewards leave the policy term and its normaliser
+        flat = adv_mod.zero_variance_groups(rewards, self.config.grpo.group_size)
+        samples = ~flat if self.config.grpo.drop_zero_variance else None
         outcome = update(self.policy, self._reference_policy(), rollout, advantages, self.config.grpo,
                          self.optimizer, grad_clip=self.config.optim.grad_clip, bf16=self.config.optim.bf16,
-                         collectives=self.collectives)
+                         collectives=self.collectives, samples=samples)
         if outcome.skipped:
             return self._skip(outcome.skipped, metrics, timings)
         self.scheduler.step()
@@ -253,6 +257,9 @@ class Trainer:
         """A non-finite reward, loss or gradient: skip the update, count it, stop after too many."""
         self.bad_steps += 1
         self.skipped_total += 1
+        with warnings.catch_warnings():  # the schedule follows the step count, skipped steps included
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+            self.scheduler.step()
         metrics.update(timings)
         metrics.update({"skipped": what, "skipped_total": self.skipped_total})
         print(f"[margrpo] step {self.step}: non-finite {what}; update skipped ({self.bad_steps} in a row)", file=sys.stderr)
