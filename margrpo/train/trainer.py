@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from margrpo.config import to_dict
+from margrpo.config import ConfigFileNotFoundError, to_dict
 from margrpo.grpo import Collectives, update
 from margrpo.grpo import advantages as adv_mod
 from margrpo.models import load_backbone, resolve_device
@@ -53,6 +53,7 @@ class Trainer:
 
         self.policy = load_backbone(config.backbone, self.device) if policy is None else policy
         self.sampler = self.policy.make_sampler(config.backbone.diffusion_steps)
+        self._check_recordable()
         self._configure_trainable()
         self.reference = None  # a frozen copy of the starting policy, when the KL needs one
         if config.grpo.kl_beta > 0 and not config.grpo.lora.rank:
@@ -137,17 +138,37 @@ class Trainer:
 
         return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
+    def _check_recordable(self) -> None:
+        """The recorded steps must exist in this model's schedule and sampler: known only now, with
+        the model loaded, and checked before any work."""
+        try:
+            self._plan(0)
+        except ValueError as err:  # choose_plan names the rollout key
+            raise ConfigError(f"rollout.{err}") from err
+
     def _build_reward(self):
         from margrpo.rewards import build_rewards
 
-        return build_rewards(self.config.rewards)
+        try:
+            return build_rewards(self.config.rewards)
+        except (KeyError, TypeError, ValueError) as err:  # an unknown reward or option: a config error
+            raise ConfigError(f"rewards: {err.args[0] if isinstance(err, KeyError) else err}") from err
 
     def _load_prompts(self):
         from margrpo.testbed.splits import balanced_prompts, load_prompts, read_prompt_file
 
         run = self.config.run
-        train = read_prompt_file(run.train_prompts) if run.train_prompts else load_prompts("train")
-        heldout = read_prompt_file(run.eval_prompts) if run.eval_prompts else balanced_prompts("heldout", run.eval_per_category)
+
+        def read(key: str, path: str) -> list[str]:
+            if not Path(path).is_file():
+                raise ConfigFileNotFoundError(f"run.{key}: prompt file not found: {path}")
+            prompts = read_prompt_file(path)
+            if not prompts:
+                raise ConfigError(f"run.{key}: {path} holds no prompt (expected one per non-empty line)")
+            return prompts
+
+        train = read("train_prompts", run.train_prompts) if run.train_prompts else load_prompts("train")
+        heldout = read("eval_prompts", run.eval_prompts) if run.eval_prompts else balanced_prompts("heldout", run.eval_per_category)
         return train, heldout
 
     def _prompt_groups(self) -> list[list[int]]:
@@ -228,8 +249,9 @@ class Trainer:
 
         t0 = time.perf_counter()
         advantages = self._advantages(rewards, prompts)
+        grad_clip = math.inf if self.config.optim.grad_clip is None else self.config.optim.grad_clip
         outcome = update(self.policy, self._reference_policy(), rollout, advantages, self.config.grpo,
-                         self.optimizer, grad_clip=self.config.optim.grad_clip, bf16=self.config.optim.bf16,
+                         self.optimizer, grad_clip=grad_clip, bf16=self.config.optim.bf16,
                          collectives=self.collectives)
         if outcome.skipped:
             return self._skip(outcome.skipped, metrics, timings)
