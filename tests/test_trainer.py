@@ -171,6 +171,45 @@ def test_non_finite_rewards_are_skipped_then_stop(tmp_path, tiny_checkpoint):
     assert all(torch.equal(v, before[k]) for k, v in trainer.policy.named_parameters())
 
 
+def test_a_skipped_step_changes_nothing(tmp_path, tiny_checkpoint, monkeypatch):
+    """grpo.minibatches=2 with a NaN loss in the second minibatch: the first minibatch's optimizer
+    step has already moved the weights and Adam's state; the skipped step must undo it."""
+    import copy
+    import dataclasses
+
+    from margrpo.grpo import policy_update
+
+    trainer = make(tmp_path, tiny_checkpoint, "grpo.minibatches=2", "grpo.kl_beta=0")
+    trainer.train_step()  # Adam's moments and step counts are non-trivial from here on
+    trainer.step += 1
+    weights = {k: v.detach().clone() for k, v in trainer.policy.named_parameters() if v.requires_grad}
+    optimizer = copy.deepcopy(trainer.optimizer.state_dict())
+    losses, optimizer_steps = [], []
+    original_loss, original_step = policy_update._chunk_loss, trainer.optimizer.step
+
+    def nan_in_second_minibatch(*args, **kwargs):
+        out = original_loss(*args, **kwargs)
+        losses.append(out)
+        return dataclasses.replace(out, loss=out.loss * float("nan")) if len(losses) == 2 else out
+
+    def count_step(*args, **kwargs):
+        optimizer_steps.append(1)
+        return original_step(*args, **kwargs)
+
+    monkeypatch.setattr(policy_update, "_chunk_loss", nan_in_second_minibatch)
+    trainer.optimizer.step = count_step
+    metrics = trainer.train_step()
+    assert metrics["skipped"] == "loss" and len(optimizer_steps) == 1  # the first minibatch did step
+    for name, param in trainer.policy.named_parameters():
+        if param.requires_grad:
+            assert torch.equal(param.detach(), weights[name]), f"{name} changed in a skipped step"
+    after = trainer.optimizer.state_dict()
+    assert after["state"].keys() == optimizer["state"].keys()
+    for index, values in optimizer["state"].items():
+        for key, value in values.items():
+            assert torch.equal(after["state"][index][key], value), (index, key)
+
+
 def test_config_errors_name_the_key(tmp_path, tiny_checkpoint):
     with pytest.raises(ConfigError, match="grpo.kl_bta.*kl_beta"):
         load_config(None, overrides(tmp_path, tiny_checkpoint, "grpo.kl_bta=0.1"))

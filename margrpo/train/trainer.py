@@ -37,6 +37,22 @@ class TrainingStopped(RuntimeError):
     """Raised when too many consecutive steps were skipped for non-finite values."""
 
 
+class _Snapshot:
+    """The trainable weights and the optimizer state at one moment, to restore after a skipped update.
+    Costs a copy of both (about 3x the trainable parameters with AdamW) while the update runs."""
+
+    def __init__(self, policy: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+        self.weights = [(p, p.detach().clone()) for p in policy.parameters() if p.requires_grad]
+        self.state = copy.deepcopy(optimizer.state_dict())
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for param, value in self.weights:
+                param.copy_(value)
+        self.optimizer.load_state_dict(self.state)
+
+
 class Trainer:
     def __init__(self, config: TrainerConfig, create_run_dir: bool = True, policy=None):
         """policy: a backbone already in memory (e.g. a random-init benchmark model) instead of the one
@@ -242,34 +258,46 @@ class Trainer:
         result = self.reward(rollout.images, prompts)
         rewards = result.total.float().to(self.device)
         timings["time/reward"] = time.perf_counter() - t0
-        metrics = {f"reward/{k}": v for k, v in result.log_values("").items() if not k.startswith("/total")}
-        metrics.update({"reward_mean": dist_utils.mean(rewards.mean()), "reward_std": rewards.std(unbiased=False).item()})
+        all_rewards = dist_utils.all_gather_cat(rewards)  # the batch statistics cover every rank
+        metrics = {k: v for k, v in result.log_values("reward").items() if not k.startswith("reward/total")}
+        metrics.update({"reward_mean": all_rewards.mean().item(), "reward_std": all_rewards.std(unbiased=False).item()})
         if not dist_utils.all_ranks(torch.isfinite(rewards).all()):
             return self._skip("reward", metrics, timings)
 
         t0 = time.perf_counter()
         advantages = self._advantages(rewards, prompts)
         grad_clip = math.inf if self.config.optim.grad_clip is None else self.config.optim.grad_clip
+        # an update of several optimizer steps can meet a non-finite loss after some of them: keep what
+        # it starts from, so that a skipped step changes nothing (one step checks before it moves)
+        snapshot = _Snapshot(self.policy, self.optimizer) if self._optimizer_steps() > 1 else None
         outcome = update(self.policy, self._reference_policy(), rollout, advantages, self.config.grpo,
                          self.optimizer, grad_clip=grad_clip, bf16=self.config.optim.bf16,
                          collectives=self.collectives)
         if outcome.skipped:
+            if snapshot is not None:
+                snapshot.restore()
             return self._skip(outcome.skipped, metrics, timings)
         self.scheduler.step()
         timings["time/train"] = time.perf_counter() - t0
         self.bad_steps = 0
         metrics.update(outcome.metrics)
+        all_advantages = dist_utils.all_gather_cat(advantages)
         metrics.update({
-            "advantage_mean": advantages.mean().item(), "advantage_abs_mean": advantages.abs().mean().item(),
+            "advantage_mean": all_advantages.mean().item(), "advantage_abs_mean": all_advantages.abs().mean().item(),
             # groups whose rewards are all equal carry no advantage: a coarse reward starves GRPO
             "zero_variance_fraction": adv_mod.zero_variance_groups(
-                dist_utils.all_gather_cat(rewards), self.config.grpo.group_size).float().mean().item(),
+                all_rewards, self.config.grpo.group_size).float().mean().item(),
             "lr": self.scheduler.get_last_lr()[0], "skipped_total": self.skipped_total,
         })
         total_time = sum(timings.values())
         metrics.update(timings)
         metrics["images_per_s"] = len(prompts) * self.world / max(total_time, 1e-9)
         return metrics
+
+    def _optimizer_steps(self) -> int:
+        """An upper bound on the optimizer steps of one update (fewer when a minibatch would be empty)."""
+        g = self.config.grpo
+        return g.inner_epochs * g.minibatches
 
     def _skip(self, what: str, metrics: dict, timings: dict) -> dict:
         """A non-finite reward, loss or gradient: skip the update, count it, stop after too many."""
