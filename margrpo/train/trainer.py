@@ -95,13 +95,13 @@ class Trainer:
         self.logger = None
         if create_run_dir:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            if self.is_main:
-                (self.out_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
-                self.logger = MetricsLogger(self.out_dir, run.tensorboard, run.wandb, to_dict(config))
             if run.resume == "auto":
-                latest = ckpt.latest(self.out_dir / "checkpoints")
-                if latest is not None:
-                    self.load_checkpoint(latest)
+                self._resume()
+            if self.is_main:  # after the resume, which may refuse this config
+                (self.out_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+                # the log continues from the checkpoint: a resumed run logs from its step + 1, a new one from 0
+                self.logger = MetricsLogger(self.out_dir, run.tensorboard, run.wandb, to_dict(config),
+                                            start_step=self.step + 1 if self.step else 0)
 
     @classmethod
     def from_files(cls, path, overrides=(), create_run_dir: bool = True) -> "Trainer":
@@ -348,11 +348,30 @@ class Trainer:
             "step": self.step, "optimizer": optimizer, "scheduler": self.scheduler.state_dict(),
             "rng": ckpt.rng_state(), "tracker": None if self.tracker is None else self.tracker.state_dict(),
             "bad_steps": self.bad_steps, "skipped_total": self.skipped_total,
+            "config": yaml.safe_dump(to_dict(self.config), sort_keys=False), "world": self.world,  # what a resume must match
         }
         return ckpt.save(self.out_dir / "checkpoints", self.step, weights, state, self.config.run.keep_last)
 
+    def _resume(self) -> None:
+        """Load the run's newest valid checkpoint, after finishing what a killed process left."""
+        root = self.out_dir / "checkpoints"
+        if self.is_main:
+            for line in ckpt.recover(root):
+                print(f"[margrpo] {root}: {line}", file=sys.stderr)
+        dist_utils.all_ranks(True)  # the other ranks list the checkpoints once rank 0 has recovered them
+        latest = ckpt.latest(root)
+        if latest is not None:
+            self.load_checkpoint(latest)
+
     def load_checkpoint(self, path, weights_only: bool = False) -> None:
+        """Restore a checkpoint: the trainable weights and, unless weights_only, the training state,
+        which must come from the same settings (check_resume_config)."""
         weights, state = ckpt.load(path)
+        if not weights_only and "config" in state:
+            changed = check_resume_config(yaml.safe_load(state["config"]), state["world"], to_dict(self.config),
+                                          self.world, path)
+        else:
+            changed = []
         own = dict(self.policy.named_parameters())
         unknown = sorted(set(weights) - set(own))
         if unknown:
@@ -360,7 +379,11 @@ class Trainer:
         dist_utils.load_full_state_dict(self.policy, weights)
         if weights_only:
             return
-        dist_utils.load_optimizer_state(self.policy, self.optimizer, state["optimizer"])
+        try:
+            dist_utils.load_optimizer_state(self.policy, self.optimizer, state["optimizer"])
+        except (KeyError, ValueError) as err:  # a checkpoint of other trainable parameters (grpo.head, lora)
+            raise ConfigError(f"{path}: its optimizer state does not fit this config's trainable parameters "
+                              f"({err}); resume with the settings it was written with") from err
         self.scheduler.load_state_dict(state["scheduler"])
         ckpt.set_rng_state(state["rng"])
         if self.tracker is not None and state.get("tracker"):
@@ -368,7 +391,7 @@ class Trainer:
         self.step = state["step"]
         self.bad_steps, self.skipped_total = state.get("bad_steps", 0), state.get("skipped_total", 0)
         if self.is_main:
-            print(f"[margrpo] resumed from {path} at step {self.step}")
+            print(f"[margrpo] resumed from {path} at step {self.step}" + (f" ({'; '.join(changed)})" if changed else ""))
 
     # ------------------------------------------------------------------ the loop
     def _on_signal(self, signum, frame) -> None:
@@ -409,6 +432,46 @@ class Trainer:
         if self.is_main:
             plot_curves(self.out_dir / "metrics.jsonl", self.out_dir / "reward_curve.png")
         return results
+
+
+# keys a resumed run may change: they set how long it runs, where and how it reports, not what it
+# trains (run.steps also rescales a cosine schedule over the new length)
+RESUME_OVERRIDES = ("run.steps", "run.out_dir", "run.device", "run.threads", "run.parallel", "run.save_every",
+                    "run.keep_last", "run.eval_every", "run.log_every", "run.tensorboard", "run.wandb",
+                    "run.max_bad_steps", "run.resume", "pretrain")
+GLOBAL_BATCH = "grpo.prompts_per_step"  # per rank: a resume compares it times the world size
+
+
+def _flatten(tree, prefix: str = "") -> dict:
+    if isinstance(tree, dict) and tree:
+        return {k: v for key, value in tree.items() for k, v in _flatten(value, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: tree}
+
+
+def check_resume_config(saved: dict, saved_world: int, current: dict, world: int, path) -> list[str]:
+    """Raise ConfigError naming every key that differs between a checkpoint's config (written by
+    saved_world ranks) and this one, except RESUME_OVERRIDES; returns those as 'key: old -> new'.
+    The prompts per step compare over all ranks (2 ranks x 4 prompts resume as 1 x 8)."""
+    current = yaml.safe_load(yaml.safe_dump(current))  # the saved form (tuples as lists)
+    old, new = _flatten(saved), _flatten(current)
+    old[GLOBAL_BATCH] *= saved_world
+    new[GLOBAL_BATCH] *= world
+    changed = sorted(k for k in old.keys() | new.keys() if old.get(k, "<unset>") != new.get(k, "<unset>"))
+
+    def allowed(key: str) -> bool:
+        return any(key == a or key.startswith(a + ".") for a in RESUME_OVERRIDES)
+
+    def describe(key: str) -> str:
+        name = f"{key} x ranks" if key == GLOBAL_BATCH else key
+        return f"{name}: {old.get(key, '<unset>')!r} -> {new.get(key, '<unset>')!r}"
+
+    refused = [describe(k) for k in changed if not allowed(k)]
+    if refused:
+        raise ConfigError(
+            f"run.resume: {path} was written with other settings: {'; '.join(refused)}. A resumed run keeps its "
+            f"settings except {', '.join(RESUME_OVERRIDES)}; restore them, or start a new run "
+            "(another run.out_dir, or run.resume=never)")
+    return [describe(k) for k in changed]
 
 
 def _progress(total: int, initial: int, enabled: bool):
