@@ -1,8 +1,12 @@
-"""The `margrpo` command: one subcommand per job, each implemented by a module's main(argv)."""
+"""The `margrpo` command: one subcommand per job, each implemented by a module's main(argv).
+
+Exit codes: 0 done; 2 a usage or configuration error (the message names the key, no traceback)."""
 from __future__ import annotations
 
 import importlib
 import sys
+
+from margrpo.config import ConfigError
 
 # subcommand -> (module with main(argv), one-line help)
 COMMANDS = {
@@ -33,7 +37,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"margrpo: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     module = importlib.import_module(COMMANDS[name][0])
-    result = module.main(rest)
+    try:
+        result = module.main(rest)
+    except ConfigError as err:  # a bad setting: its message names the key; a traceback would only bury it
+        print(f"margrpo {name}: error: {err}", file=sys.stderr)
+        return 2
     return int(result or 0)
 
 

@@ -1,14 +1,20 @@
 """Typed configuration: dataclasses filled from YAML mappings and `key=value` overrides.
 
 An unknown key or a value of the wrong type is an error that names the key (with its dotted path)
-and lists close matches, so a typo never silently falls back to a default.
+and lists close matches, so a typo never silently falls back to a default. NaN is never a valid
+number. A section's value rules are a table of `Rule`s that its dataclass checks when it is built
+(`check_rules`), so an out-of-range value fails at load time too, naming its key.
 """
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
+import re
 import types
 import typing
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -19,6 +25,43 @@ T = TypeVar("T")
 
 class ConfigError(ValueError):
     """A configuration key or value that does not fit the typed schema."""
+
+
+class ConfigFileNotFoundError(ConfigError, FileNotFoundError):
+    """A file a configuration names (the config itself, a prompt file) does not exist."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """The valid values of one key: `ok(value, root)` says whether `value` is one (`root`: the object
+    being checked, for a key bounded by another) and `expected` says what they are, in the words of
+    the error and of docs/CONFIG.md."""
+
+    key: str  # dotted path from the checked object
+    ok: Callable[[Any, Any], bool]
+    expected: str
+
+
+def lookup(root, key: str):
+    """The value at a dotted key of nested dataclasses."""
+    for name in key.split("."):
+        root = getattr(root, name)
+    return root
+
+
+def check_rules(root, rules) -> None:
+    """Raise ConfigError naming the first key of `rules` whose value in `root` breaks its rule."""
+    for rule in rules:
+        value = lookup(root, rule.key)
+        if not rule.ok(value, root):
+            raise ConfigError(f"{rule.key}: got {value!r}, expected {rule.expected}")
+
+
+def finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+_DECIMAL = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
 def _type_name(tp) -> str:
@@ -57,7 +100,10 @@ def _coerce(value: Any, tp, path: str):
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{path}: got {value!r}, expected a list")
-        (item,) = typing.get_args(tp)[:1] or (Any,)
+        args = typing.get_args(tp)
+        if origin is tuple and args and args[-1] is not Ellipsis and len(value) != len(args):
+            raise ConfigError(f"{path}: got {value!r}, expected a list of {len(args)} values")
+        (item,) = args[:1] or (Any,)
         items = [_coerce(v, item, f"{path}[{i}]") for i, v in enumerate(value)]
         return items if origin is list else tuple(items)
     if origin is dict:
@@ -74,7 +120,9 @@ def _coerce(value: Any, tp, path: str):
             return value
         raise ConfigError(f"{path}: got {value!r}, expected an integer")
     if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if isinstance(value, str) and _DECIMAL.fullmatch(value.strip()):  # YAML 1.1 reads 1e-5 as a string
+            value = float(value)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value):
             return float(value)
         raise ConfigError(f"{path}: got {value!r}, expected a number")
     if tp is str:
@@ -99,7 +147,10 @@ def from_dict(cls: type[T], data: dict, path: str = "") -> T:
     try:
         obj = cls(**kwargs)
     except (TypeError, ValueError) as err:
-        raise ConfigError(f"{path or cls.__name__}: {err}") from err
+        message = str(err)
+        if message.split(":", 1)[0].split(".")[0] in fields:  # a check that names its key: give the full path
+            raise ConfigError(f"{path}.{message}" if path else message) from err
+        raise ConfigError(f"{path or cls.__name__}: {message}") from err
     return obj
 
 
@@ -140,7 +191,7 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
 def load_yaml(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"config file not found: {path}")
+        raise ConfigFileNotFoundError(f"config file not found: {path}")
     data = yaml.safe_load(path.read_text()) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of sections at the top level, got {type(data).__name__}")

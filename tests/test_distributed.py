@@ -140,6 +140,21 @@ def test_fsdp2_matches_ddp(runs, tiny_checkpoint, tmp_path):
     assert grad_norms(runs, "frozen_head", "fsdp2") == pytest.approx(grad_norms(runs, "frozen_head", "ddp"), rel=1e-4)
 
 
+def test_batch_metrics_cover_every_rank(runs):
+    """reward_std and the advantage statistics of a 2-rank run are those of the whole batch, as one
+    process over the same samples logs them (not rank 0's half)."""
+    def train_records(parallel):
+        lines = (run_dir(runs, "frozen_head", parallel) / "metrics.jsonl").read_text().splitlines()
+        return [row for row in map(json.loads, lines) if row["kind"] == "train"]
+
+    one, ddp = train_records("one"), train_records("ddp")
+    assert len(one) == len(ddp) == STEPS
+    for a, b in zip(one, ddp):
+        for key in ("reward_mean", "reward_std", "advantage_abs_mean"):
+            assert b[key] == pytest.approx(a[key], rel=1e-4), key
+        assert b["advantage_mean"] == pytest.approx(a["advantage_mean"], abs=1e-6)
+
+
 @pytest.mark.parametrize("setup", ["frozen_head", "lora"])
 def test_fsdp2_checkpoint_resumes_in_one_process(runs, tiny_checkpoint, tmp_path, setup):
     """Step 1 of the FSDP2 run, resumed in one process for step 2, lands on the FSDP2 run's step 2:

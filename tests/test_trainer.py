@@ -153,6 +153,42 @@ def test_resume_gives_identical_weights(tmp_path, tiny_checkpoint):
         assert torch.equal(a, b), f"{name} differs after resume"
 
 
+def test_resume_continues_the_log_from_the_checkpoint(tmp_path, tiny_checkpoint):
+    """A process killed after its last checkpoint leaves later records and a torn line in
+    metrics.jsonl; the resumed run drops them and logs every step exactly once."""
+    import json
+
+    from margrpo.train.metrics import plot_curves, read_metrics
+
+    make(tmp_path, tiny_checkpoint, "run.steps=2", "run.save_every=2").run()
+    log = tmp_path / "run" / "metrics.jsonl"
+    with open(log, "a") as handle:  # steps 3 and 4 of a process killed before its next save, mid-line
+        handle.write(json.dumps({"kind": "train", "step": 3, "reward_mean": 9.0}) + "\n")
+        handle.write(json.dumps({"kind": "train", "step": 4, "reward_mean": 9.0}) + "\n")
+        handle.write('{"kind": "train", "step": 5, "rew')
+    resumed = make(tmp_path, tiny_checkpoint, "run.steps=4", "run.save_every=2")
+    assert resumed.step == 2
+    resumed.run()
+    steps = [r["step"] for r in read_metrics(log) if r["kind"] == "train"]
+    assert steps == [1, 2, 3, 4]
+    assert all(r.get("reward_mean") != 9.0 for r in read_metrics(log))
+    assert all(json.loads(line) for line in log.read_text().splitlines())  # every line whole again
+    assert plot_curves(log, tmp_path / "curve.png") is not None
+
+
+def test_resume_refuses_changed_settings_by_name(tmp_path, tiny_checkpoint):
+    make(tmp_path, tiny_checkpoint, "run.steps=1", "run.save_every=1").run()
+    saved = (tmp_path / "run" / "config.yaml").read_text()
+    with pytest.raises(ConfigError, match=r"optim\.lr: 0\.001 -> 0\.01") as err:
+        make(tmp_path, tiny_checkpoint, "run.steps=2", "optim.lr=1e-2")
+    assert "run.steps" not in str(err.value).split("A resumed run")[0]  # an allowed change, not refused
+    with pytest.raises(ConfigError, match="grpo.head: 'frozen' -> 'train'"):
+        make(tmp_path, tiny_checkpoint, "grpo.head=train")
+    assert (tmp_path / "run" / "config.yaml").read_text() == saved  # not overwritten by a refused config
+    resumed = make(tmp_path, tiny_checkpoint, "run.steps=2", "run.eval_every=5")  # allowed overrides apply
+    assert resumed.step == 1 and resumed.config.run.steps == 2
+
+
 def test_sigterm_saves_a_checkpoint_and_exits(tmp_path, tiny_checkpoint):
     SigtermOnSecondCall.calls = 0
     trainer = make(tmp_path, tiny_checkpoint, "run.steps=5", "rewards={test_sigterm_on_second_call: 1.0}")
@@ -169,6 +205,45 @@ def test_non_finite_rewards_are_skipped_then_stop(tmp_path, tiny_checkpoint):
         trainer.run()
     assert trainer.skipped_total == 2
     assert all(torch.equal(v, before[k]) for k, v in trainer.policy.named_parameters())
+
+
+def test_a_skipped_step_changes_nothing(tmp_path, tiny_checkpoint, monkeypatch):
+    """grpo.minibatches=2 with a NaN loss in the second minibatch: the first minibatch's optimizer
+    step has already moved the weights and Adam's state; the skipped step must undo it."""
+    import copy
+    import dataclasses
+
+    from margrpo.grpo import policy_update
+
+    trainer = make(tmp_path, tiny_checkpoint, "grpo.minibatches=2", "grpo.kl_beta=0")
+    trainer.train_step()  # Adam's moments and step counts are non-trivial from here on
+    trainer.step += 1
+    weights = {k: v.detach().clone() for k, v in trainer.policy.named_parameters() if v.requires_grad}
+    optimizer = copy.deepcopy(trainer.optimizer.state_dict())
+    losses, optimizer_steps = [], []
+    original_loss, original_step = policy_update._chunk_loss, trainer.optimizer.step
+
+    def nan_in_second_minibatch(*args, **kwargs):
+        out = original_loss(*args, **kwargs)
+        losses.append(out)
+        return dataclasses.replace(out, loss=out.loss * float("nan")) if len(losses) == 2 else out
+
+    def count_step(*args, **kwargs):
+        optimizer_steps.append(1)
+        return original_step(*args, **kwargs)
+
+    monkeypatch.setattr(policy_update, "_chunk_loss", nan_in_second_minibatch)
+    trainer.optimizer.step = count_step
+    metrics = trainer.train_step()
+    assert metrics["skipped"] == "loss" and len(optimizer_steps) == 1  # the first minibatch did step
+    for name, param in trainer.policy.named_parameters():
+        if param.requires_grad:
+            assert torch.equal(param.detach(), weights[name]), f"{name} changed in a skipped step"
+    after = trainer.optimizer.state_dict()
+    assert after["state"].keys() == optimizer["state"].keys()
+    for index, values in optimizer["state"].items():
+        for key, value in values.items():
+            assert torch.equal(after["state"][index][key], value), (index, key)
 
 
 def test_config_errors_name_the_key(tmp_path, tiny_checkpoint):

@@ -5,6 +5,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
+from margrpo.config import Rule, check_rules, finite
+
 from .schedule import SCHEDULES
 
 
@@ -60,34 +62,15 @@ class RolloutConfig:
     known_mask: Literal["pre_step", "post_step"] = "pre_step"
 
     def __post_init__(self) -> None:
-        def need(ok: bool, name: str, expected: str) -> None:
-            if not ok:
-                raise ValueError(f"{name}: got {getattr(self, name)!r}, expected {expected}")
-
-        need(isinstance(self.num_mask_steps, int) and self.num_mask_steps >= 1, "num_mask_steps", "an integer >= 1")
-        need(self.schedule in SCHEDULES, "schedule", f"one of {', '.join(SCHEDULES)}")
-        steps = self.num_diffusion_steps
-        need(steps is None or (isinstance(steps, int) and steps >= 1), "num_diffusion_steps", "None or an integer >= 1")
-        need(isinstance(self.cfg_scale, (int, float)) and self.cfg_scale >= 0, "cfg_scale", "a number >= 0")
-        need(self.cfg_schedule in ("constant", "linear"), "cfg_schedule", "'constant' or 'linear'")
-        need(self.cfg_channels in ("all", "eps"), "cfg_channels", "'all' or 'eps'")
-        need(self.negative_prompt is None or isinstance(self.negative_prompt, str), "negative_prompt",
-             "a string or None")
-        need(isinstance(self.temperature, (int, float)) and self.temperature > 0, "temperature", "a number > 0")
-        need(isinstance(self.num_seeds, int) and self.num_seeds >= 0, "num_seeds", "an integer >= 0")
-        need(isinstance(self.record_mask_steps, int) and self.record_mask_steps >= 0, "record_mask_steps",
-             "an integer >= 0")
-        need(isinstance(self.record_diffusion_steps, int) and self.record_diffusion_steps >= 1,
-             "record_diffusion_steps", "an integer >= 1")
+        check_rules(self, RULES)
         window = self.record_diffusion_range
-        need(window is None or (isinstance(window, (tuple, list)) and len(window) == 2
-                                and isinstance(window[0], int) and window[0] >= 0
-                                and (window[1] is None or (isinstance(window[1], int) and window[1] > window[0]))),
-             "record_diffusion_range", "null or [start, stop] with integers 0 <= start < stop (stop null: to the end)")
+        if not (window is None or (isinstance(window, (tuple, list)) and len(window) == 2
+                                   and type(window[0]) is int and window[0] >= 0
+                                   and (window[1] is None or (type(window[1]) is int and window[1] > window[0])))):
+            raise ValueError(f"record_diffusion_range: got {window!r}, expected null or [start, stop] with "
+                             "integers 0 <= start < stop (stop null: to the end)")
         if window is not None:
             self.record_diffusion_range = (window[0], window[1])
-        need(self.likelihood_positions in ("revealed", "unknown"), "likelihood_positions", "'revealed' or 'unknown'")
-        need(self.known_mask in ("pre_step", "post_step"), "known_mask", "'pre_step' or 'post_step'")
         if self.record_mask_steps > 0:
             self.check_recordable()
 
@@ -117,3 +100,25 @@ class RolloutConfig:
         if self.cfg_schedule == "constant":
             return float(self.cfg_scale)
         return 1.0 + (self.cfg_scale - 1.0) * revealed_after / num_tokens
+
+
+def _integer(value, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+# the valid values of each field (a RolloutConfig may be built directly, so the types are checked too)
+RULES = (
+    Rule("num_mask_steps", lambda v, c: _integer(v, 1), "an integer >= 1"),
+    Rule("schedule", lambda v, c: v in SCHEDULES, f"one of {', '.join(SCHEDULES)}"),
+    Rule("num_diffusion_steps", lambda v, c: v is None or _integer(v, 1), "null (the model's default) or an integer >= 1"),
+    Rule("cfg_scale", lambda v, c: finite(v) and v >= 0, "a finite number >= 0 (1: no guidance; 0: unconditional)"),
+    Rule("cfg_schedule", lambda v, c: v in ("constant", "linear"), "'constant' or 'linear'"),
+    Rule("cfg_channels", lambda v, c: v in ("all", "eps"), "'all' or 'eps'"),
+    Rule("negative_prompt", lambda v, c: v is None or isinstance(v, str), "null (the backbone's) or a string"),
+    Rule("temperature", lambda v, c: finite(v) and v > 0, "a finite number > 0"),
+    Rule("num_seeds", lambda v, c: _integer(v, 0), "an integer >= 0"),
+    Rule("record_mask_steps", lambda v, c: _integer(v, 0), "an integer >= 0 (0: record nothing)"),
+    Rule("record_diffusion_steps", lambda v, c: _integer(v, 1), "an integer >= 1"),
+    Rule("likelihood_positions", lambda v, c: v in ("revealed", "unknown"), "'revealed' or 'unknown'"),
+    Rule("known_mask", lambda v, c: v in ("pre_step", "post_step"), "'pre_step' or 'post_step'"),
+)

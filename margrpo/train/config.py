@@ -4,14 +4,23 @@ Sections: backbone (which model and checkpoint: margrpo.models.BackboneConfig), 
 (margrpo.rollout.RolloutConfig), grpo (the algorithm and its ablation switches:
 margrpo.grpo.GRPOConfig), optim, rewards (name -> weight or options), run (steps, seeds, output,
 checkpoints, evaluation). `pretrain` belongs to the pretraining job and is carried through unchanged.
+
+RULES is the table of valid values of every trainer key (the rollout section's own are
+margrpo.rollout.config.RULES); a TrainerConfig checks it when built, so a value that would train in
+the wrong direction, be ignored, or fail after work began is an error at load time that names its
+key. docs/CONFIG.md states the same ranges (tests/test_config_rules.py holds the two together).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from margrpo.config import ConfigError, apply_overrides, from_dict, load_yaml
+import torch
+
+from margrpo.config import ConfigError  # noqa: F401  (part of this module's API)
+from margrpo.config import Rule, apply_overrides, check_rules, finite, from_dict, load_yaml
 from margrpo.grpo.config import GRPOConfig, LoRAConfig  # noqa: F401  (part of this module's API)
 from margrpo.models.config import BackboneConfig, check_no_model_section
 from margrpo.rollout import RolloutConfig
@@ -24,7 +33,7 @@ class OptimConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     warmup_steps: int = 0
     schedule: Literal["constant", "cosine"] = "constant"
-    grad_clip: float = 1.0
+    grad_clip: Optional[float] = 1.0  # max gradient norm per optimizer step; None (or .inf): no clipping
     bf16: bool = False  # autocast the likelihood forward in bf16 (CUDA)
 
 
@@ -68,38 +77,7 @@ class TrainerConfig:
     pretrain: dict[str, Any] = field(default_factory=dict)  # margrpo pretrain's section, carried through
 
     def __post_init__(self) -> None:
-        g = self.grpo
-        if g.group_size < 2:
-            raise ConfigError(f"grpo.group_size: got {g.group_size}, expected >= 2 (advantages compare samples)")
-        if not 0 < g.mte_ratio <= 1:
-            raise ConfigError(f"grpo.mte_ratio: got {g.mte_ratio}, expected a ratio in (0, 1]")
-        if g.mte and self.rollout.num_seeds < 2:
-            raise ConfigError(
-                f"grpo.mte: true needs rollout.num_seeds >= 2 (got {self.rollout.num_seeds}): the uncertainty "
-                "is the std over seed trajectories; set rollout.num_seeds or grpo.mte=false"
-            )
-        if g.consistency and self.rollout.likelihood_positions != "unknown":
-            raise ConfigError(
-                "grpo.consistency: true needs rollout.likelihood_positions: unknown (with 'revealed' every "
-                "transition is a committed token, which consistency always keeps); set one or the other"
-            )
-        for name in ("inner_epochs", "minibatches", "micro_batches", "prompts_per_step", "pixels_per_token"):
-            if getattr(g, name) < 1:
-                raise ConfigError(f"grpo.{name}: got {getattr(g, name)}, expected >= 1")
-        if g.mte_random_positions < 0:
-            raise ConfigError(f"grpo.mte_random_positions: got {g.mte_random_positions}, expected >= 0")
-        lora = g.lora
-        if lora.rank < 0:
-            raise ConfigError(f"grpo.lora.rank: got {lora.rank}, expected >= 0 (0 turns LoRA off)")
-        if not 0 <= lora.dropout < 1:
-            raise ConfigError(f"grpo.lora.dropout: got {lora.dropout}, expected a probability in [0, 1)")
-        if lora.rank and g.head != "frozen":
-            raise ConfigError(
-                f"grpo.lora.rank: {lora.rank} trains LoRA adapters only, which needs grpo.head: frozen "
-                f"(got {g.head!r}); the reference policy is the base weights with the adapters disabled"
-            )
-        if self.run.steps < 0:
-            raise ConfigError(f"run.steps: got {self.run.steps}, expected >= 0")
+        check_rules(self, RULES)
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainerConfig:
@@ -107,3 +85,111 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainerCo
     data = apply_overrides(load_yaml(path) if path is not None else {}, list(overrides))
     check_no_model_section(data)
     return from_dict(TrainerConfig, data)
+
+
+MAX_SEED = 2**32  # seeds (and a step's prompt-draw seed, seed * 1_000_003 + step) stay within torch's int64
+MAX_THREADS = 1024
+
+
+def _integer(value, low: int, high: float = float("inf")) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _optional_integer(low: int):
+    return lambda v, c: v is None or _integer(v, low)
+
+
+def _at_least(low: int):
+    return lambda v, c: _integer(v, low)
+
+
+def _regexes(patterns) -> bool:
+    try:
+        for pattern in patterns:
+            re.compile(pattern)
+    except (re.error, TypeError):
+        return False
+    return True
+
+
+def _device(name: str) -> bool:
+    if name == "auto":
+        return True
+    try:
+        torch.device(name)
+    except (RuntimeError, ValueError):
+        return False
+    return True
+
+
+def _reward_entry(entry) -> bool:
+    """A weight, or a mapping of options whose weight (if given) is a finite number."""
+    if isinstance(entry, dict):
+        return "weight" not in entry or finite(entry["weight"])
+    return finite(entry)
+
+
+RULES = (
+    # backbone (name: a registered backbone, checked by BackboneConfig)
+    Rule("backbone.diffusion_steps", _optional_integer(1), "null (the model's default) or an integer >= 1"),
+    # rollout: the keys the trainer ties to others (the rest: margrpo.rollout.config.RULES)
+    Rule("rollout.num_diffusion_steps", lambda v, c: v is None or v == c.backbone.diffusion_steps,
+         "null or backbone.diffusion_steps (the trainer samples with backbone.diffusion_steps: set that)"),
+    Rule("rollout.record_mask_steps", lambda v, c: v <= c.rollout.num_mask_steps,
+         "at most rollout.num_mask_steps (only steps of the schedule can be recorded)"),
+    Rule("rollout.record_diffusion_steps",
+         lambda v, c: c.backbone.diffusion_steps is None or v <= c.backbone.diffusion_steps,
+         "at most backbone.diffusion_steps when that is set (only steps of the chain can be recorded)"),
+    # grpo
+    Rule("grpo.group_size", _at_least(2), "an integer >= 2 (advantages compare samples)"),
+    Rule("grpo.prompts_per_step", _at_least(1), "an integer >= 1"),
+    Rule("grpo.advantage_eps", lambda v, c: finite(v) and v > 0, "a finite number > 0 (added to the std)"),
+    Rule("grpo.clip_eps", lambda v, c: finite(v) and v > 0, "a finite number > 0"),
+    Rule("grpo.clip_eps_high", lambda v, c: v is None or (finite(v) and v > 0),
+         "null (= clip_eps) or a finite number > 0"),
+    Rule("grpo.inner_epochs", _at_least(1), "an integer >= 1"),
+    Rule("grpo.minibatches", _at_least(1), "an integer >= 1"),
+    Rule("grpo.micro_batches", _at_least(1), "an integer >= 1"),
+    Rule("grpo.kl_beta", lambda v, c: finite(v) and v >= 0, "a finite number >= 0 (0: no KL term, no reference)"),
+    Rule("grpo.head_lr_scale", lambda v, c: finite(v) and v >= 0, "a finite number >= 0 (with head: low_lr)"),
+    Rule("grpo.mte", lambda v, c: not v or c.rollout.num_seeds >= 2,
+         "false, or true with rollout.num_seeds >= 2 (the uncertainty is the std over seed trajectories)"),
+    Rule("grpo.mte_ratio", lambda v, c: 0 < v <= 1, "a ratio in (0, 1]"),
+    Rule("grpo.mte_random_positions", _at_least(0), "an integer >= 0"),
+    Rule("grpo.pixels_per_token", _at_least(1), "an integer >= 1"),
+    Rule("grpo.consistency", lambda v, c: not v or c.rollout.likelihood_positions == "unknown",
+         "false, or true with rollout.likelihood_positions: unknown (with 'revealed' every transition is a "
+         "committed token, which consistency always keeps)"),
+    Rule("grpo.consistency_threshold", lambda v, c: finite(v), "a finite number"),
+    Rule("grpo.consistency_start_step", _at_least(0), "an integer >= 0"),
+    Rule("grpo.lora.rank", _at_least(0), "an integer >= 0 (0: LoRA off)"),
+    Rule("grpo.lora.rank", lambda v, c: not v or c.grpo.head == "frozen",
+         "0 unless grpo.head: frozen (LoRA trains the adapters only; the reference is the base weights)"),
+    Rule("grpo.lora.alpha", lambda v, c: v is None or (finite(v) and v > 0), "null (2 * rank) or a finite number > 0"),
+    Rule("grpo.lora.dropout", lambda v, c: 0 <= v < 1, "a probability in [0, 1)"),
+    Rule("grpo.lora.targets", lambda v, c: _regexes(v), "a list of Python regular expressions"),
+    # optim
+    Rule("optim.lr", lambda v, c: finite(v) and v >= 0, "a finite number >= 0 (0: the weights do not move)"),
+    Rule("optim.weight_decay", lambda v, c: finite(v) and v >= 0, "a finite number >= 0"),
+    Rule("optim.betas", lambda v, c: all(0 <= b < 1 for b in v), "two numbers in [0, 1)"),
+    Rule("optim.warmup_steps", _at_least(0), "an integer >= 0 (0: no warmup)"),
+    Rule("optim.grad_clip", lambda v, c: v is None or v > 0, "null (no clipping) or a number > 0 (.inf: no clipping)"),
+    # rewards (the names and options are checked when the rewards are built, before any work)
+    Rule("rewards", lambda v, c: bool(v) and all(_reward_entry(e) for e in v.values()),
+         "a non-empty mapping: reward name -> finite weight (< 0: a penalty), or -> a mapping of options "
+         "with an optional finite weight"),
+    # run
+    Rule("run.steps", _at_least(0), "an integer >= 0"),
+    Rule("run.seed", lambda v, c: _integer(v, 0, MAX_SEED - 1), "an integer in [0, 2^32)"),
+    Rule("run.device", lambda v, c: _device(v), "auto (cuda when available, else cpu) or a torch device (cpu, cuda:1)"),
+    Rule("run.eval_every", _at_least(0), "an integer >= 0 (0: evaluate only before and after)"),
+    Rule("run.eval_per_category", _at_least(1), "an integer >= 1"),
+    Rule("run.eval_samples_per_prompt", _at_least(1), "an integer >= 1"),
+    Rule("run.eval_seed", lambda v, c: _integer(v, 0, MAX_SEED - 1), "an integer in [0, 2^32)"),
+    Rule("run.save_every", _at_least(0), "an integer >= 0 (0: save only at the end and on a signal)"),
+    Rule("run.keep_last", _at_least(0), "an integer >= 0 (0: keep every checkpoint)"),
+    Rule("run.max_bad_steps", _at_least(1), "an integer >= 1"),
+    Rule("run.log_every", _at_least(1), "an integer >= 1"),
+    Rule("run.threads", lambda v, c: v is None or _integer(v, 1, MAX_THREADS),
+         f"null (torch's default) or an integer in [1, {MAX_THREADS}]"),
+)

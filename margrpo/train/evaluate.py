@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import torch
 
+from margrpo.config import ConfigError
 from margrpo.rollout import RolloutConfig, generate, sample_seed
 
 
@@ -38,9 +40,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint", default=None, help="a run's checkpoint dir (default: the config's backbone)")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
+    if args.checkpoint:
+        _check_checkpoint_dir(Path(args.checkpoint))
     trainer = Trainer.from_files(args.config, args.overrides + ["run.resume=never"], create_run_dir=False)
     if args.checkpoint:
         trainer.load_checkpoint(args.checkpoint, weights_only=True)
     summary = trainer.evaluate(step=trainer.step, log=False)
     print("  ".join(f"{k}={v:.3f}" for k, v in summary.items()))
     return 0
+
+
+def _check_checkpoint_dir(path: Path) -> None:
+    """--checkpoint names a training checkpoint (<run>/checkpoints/step-*), not a model directory."""
+    if not path.is_dir():
+        raise ConfigError(f"--checkpoint {path}: no such directory")
+    if not (path / "manifest.json").is_file():
+        raise ConfigError(f"--checkpoint {path}: not a training checkpoint (no manifest.json; a run writes them "
+                          "as <run>/checkpoints/step-*); evaluate a model directory with backbone.checkpoint=PATH")

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 
 from torch import nn
 
+from margrpo.config import ConfigError
+
 
 def _tuner_layers(model: nn.Module) -> list[nn.Module]:
     from peft.tuners.tuners_utils import BaseTunerLayer
@@ -40,13 +42,13 @@ def target_modules(model: nn.Module, patterns: list[str]) -> list[str]:
         trainable = {id(p) for p in model.trainable_parameters()}
         chosen = [name for name, m in linears if id(m.weight) in trainable]
         if not chosen:
-            raise ValueError("grpo.lora.targets: the backbone's trainable parameters hold no nn.Linear weight "
+            raise ConfigError("grpo.lora.targets: the backbone's trainable parameters hold no nn.Linear weight "
                              "outside the head; name the layers to adapt with grpo.lora.targets")
         return chosen
     for pattern in patterns:
         if not any(re.fullmatch(pattern, name) for name, _ in linears):
             listed = ", ".join(name for name, _ in linears[:12])
-            raise ValueError(f"grpo.lora.targets: {pattern!r} matches no nn.Linear outside the head; "
+            raise ConfigError(f"grpo.lora.targets: {pattern!r} matches no nn.Linear outside the head; "
                              f"expected a regular expression over module names such as {listed}")
     return [name for name, _ in linears if any(re.fullmatch(p, name) for p in patterns)]
 

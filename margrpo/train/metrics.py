@@ -4,23 +4,32 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import sys
 from pathlib import Path
 
 
 class MetricsLogger:
-    """Appends one JSON object per record to <out>/metrics.jsonl and mirrors scalars to TensorBoard."""
+    """Appends one JSON object per record to <out>/metrics.jsonl and mirrors scalars to TensorBoard.
 
-    def __init__(self, out_dir: str | Path, tensorboard: bool = True, wandb: bool = False, config: dict | None = None):
+    start_step: the first step this process logs (0 for a new run, the checkpoint's step + 1 for a
+    resumed one). Records of that step and later, left by an earlier process that got further than
+    its last checkpoint, are dropped from the JSONL (and purged from TensorBoard), and so are torn
+    lines (a kill mid-write), so the log continues exactly from the checkpoint."""
+
+    def __init__(self, out_dir: str | Path, tensorboard: bool = True, wandb: bool = False, config: dict | None = None,
+                 start_step: int = 0):
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.out_dir / "metrics.jsonl"
+        truncate_metrics(self.path, start_step)
         self._tb = None
         self._wandb = None
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self._tb = SummaryWriter(str(self.out_dir / "tensorboard"))
+                self._tb = SummaryWriter(str(self.out_dir / "tensorboard"), purge_step=start_step)
             except ImportError:  # tensorboard not installed: JSONL only
                 self._tb = None
         if wandb:
@@ -57,11 +66,47 @@ def _plain(value):
     return value
 
 
+def _parse(lines: list[str]) -> tuple[list[dict], int]:
+    """(the records of JSONL lines, how many non-empty lines were not records: torn by a kill)."""
+    records, torn = [], 0
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            torn += 1
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int):
+            records.append(record)
+        else:
+            torn += 1
+    return records, torn
+
+
 def read_metrics(path: str | Path) -> list[dict]:
+    """The records of a metrics.jsonl; lines that are not records (torn by a kill) are passed over."""
     path = Path(path)
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return _parse(path.read_text().splitlines())[0]
+
+
+def truncate_metrics(path: str | Path, start_step: int) -> None:
+    """Rewrite a metrics.jsonl (atomically) keeping only its whole records of steps before start_step."""
+    path = Path(path)
+    if not path.is_file():
+        return
+    lines = path.read_text().splitlines()
+    records, torn = _parse(lines)
+    kept = [r for r in records if r["step"] < start_step]
+    if len(kept) == len(lines):
+        return
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    os.replace(tmp, path)
+    print(f"[margrpo] {path}: continuing from step {start_step}: dropped {len(records) - len(kept)} later "
+          f"record(s) and {torn} torn line(s)", file=sys.stderr)
 
 
 def plot_curves(metrics_path: str | Path, out_png: str | Path) -> Path | None:

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from margrpo.config import to_dict
+from margrpo.config import ConfigFileNotFoundError, to_dict
 from margrpo.grpo import Collectives, update
 from margrpo.grpo import advantages as adv_mod
 from margrpo.models import load_backbone, resolve_device
@@ -36,6 +36,22 @@ from .metrics import MetricsLogger, plot_curves
 
 class TrainingStopped(RuntimeError):
     """Raised when too many consecutive steps were skipped for non-finite values."""
+
+
+class _Snapshot:
+    """The trainable weights and the optimizer state at one moment, to restore after a skipped update.
+    Costs a copy of both (about 3x the trainable parameters with AdamW) while the update runs."""
+
+    def __init__(self, policy: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+        self.weights = [(p, p.detach().clone()) for p in policy.parameters() if p.requires_grad]
+        self.state = copy.deepcopy(optimizer.state_dict())
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for param, value in self.weights:
+                param.copy_(value)
+        self.optimizer.load_state_dict(self.state)
 
 
 class Trainer:
@@ -54,6 +70,7 @@ class Trainer:
 
         self.policy = load_backbone(config.backbone, self.device) if policy is None else policy
         self.sampler = self.policy.make_sampler(config.backbone.diffusion_steps)
+        self._check_recordable()
         self._configure_trainable()
         self.reference = None  # a frozen copy of the starting policy, when the KL needs one
         if config.grpo.kl_beta > 0 and not config.grpo.lora.rank:
@@ -79,13 +96,13 @@ class Trainer:
         self.logger = None
         if create_run_dir:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            if self.is_main:
-                (self.out_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
-                self.logger = MetricsLogger(self.out_dir, run.tensorboard, run.wandb, to_dict(config))
             if run.resume == "auto":
-                latest = ckpt.latest(self.out_dir / "checkpoints")
-                if latest is not None:
-                    self.load_checkpoint(latest)
+                self._resume()
+            if self.is_main:  # after the resume, which may refuse this config
+                (self.out_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+                # the log continues from the checkpoint: a resumed run logs from its step + 1, a new one from 0
+                self.logger = MetricsLogger(self.out_dir, run.tensorboard, run.wandb, to_dict(config),
+                                            start_step=self.step + 1 if self.step else 0)
 
     @classmethod
     def from_files(cls, path, overrides=(), create_run_dir: bool = True) -> "Trainer":
@@ -138,17 +155,37 @@ class Trainer:
 
         return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
+    def _check_recordable(self) -> None:
+        """The recorded steps must exist in this model's schedule and sampler: known only now, with
+        the model loaded, and checked before any work."""
+        try:
+            self._plan(0)
+        except ValueError as err:  # choose_plan names the rollout key
+            raise ConfigError(f"rollout.{err}") from err
+
     def _build_reward(self):
         from margrpo.rewards import build_rewards
 
-        return build_rewards(self.config.rewards)
+        try:
+            return build_rewards(self.config.rewards)
+        except (KeyError, TypeError, ValueError) as err:  # an unknown reward or option: a config error
+            raise ConfigError(f"rewards: {err.args[0] if isinstance(err, KeyError) else err}") from err
 
     def _load_prompts(self):
         from margrpo.testbed.splits import balanced_prompts, load_prompts, read_prompt_file
 
         run = self.config.run
-        train = read_prompt_file(run.train_prompts) if run.train_prompts else load_prompts("train")
-        heldout = read_prompt_file(run.eval_prompts) if run.eval_prompts else balanced_prompts("heldout", run.eval_per_category)
+
+        def read(key: str, path: str) -> list[str]:
+            if not Path(path).is_file():
+                raise ConfigFileNotFoundError(f"run.{key}: prompt file not found: {path}")
+            prompts = read_prompt_file(path)
+            if not prompts:
+                raise ConfigError(f"run.{key}: {path} holds no prompt (expected one per non-empty line)")
+            return prompts
+
+        train = read("train_prompts", run.train_prompts) if run.train_prompts else load_prompts("train")
+        heldout = read("eval_prompts", run.eval_prompts) if run.eval_prompts else balanced_prompts("heldout", run.eval_per_category)
         return train, heldout
 
     def _prompt_groups(self) -> list[list[int]]:
@@ -222,8 +259,9 @@ class Trainer:
         result = self.reward(rollout.images, prompts)
         rewards = result.total.float().to(self.device)
         timings["time/reward"] = time.perf_counter() - t0
-        metrics = {f"reward/{k}": v for k, v in result.log_values("").items() if not k.startswith("/total")}
-        metrics.update({"reward_mean": dist_utils.mean(rewards.mean()), "reward_std": rewards.std(unbiased=False).item()})
+        all_rewards = dist_utils.all_gather_cat(rewards)  # the batch statistics cover every rank
+        metrics = {k: v for k, v in result.log_values("reward").items() if not k.startswith("reward/total")}
+        metrics.update({"reward_mean": all_rewards.mean().item(), "reward_std": all_rewards.std(unbiased=False).item()})
         if not dist_utils.all_ranks(torch.isfinite(rewards).all()):
             return self._skip("reward", metrics, timings)
 
@@ -232,26 +270,38 @@ class Trainer:
         # grpo.drop_zero_variance: groups of identical rewards leave the policy term and its normaliser
         flat = adv_mod.zero_variance_groups(rewards, self.config.grpo.group_size)
         samples = ~flat if self.config.grpo.drop_zero_variance else None
+        grad_clip = math.inf if self.config.optim.grad_clip is None else self.config.optim.grad_clip
+        # an update of several optimizer steps can meet a non-finite loss after some of them: keep what
+        # it starts from, so that a skipped step changes nothing (one step checks before it moves)
+        snapshot = _Snapshot(self.policy, self.optimizer) if self._optimizer_steps() > 1 else None
         outcome = update(self.policy, self._reference_policy(), rollout, advantages, self.config.grpo,
-                         self.optimizer, grad_clip=self.config.optim.grad_clip, bf16=self.config.optim.bf16,
+                         self.optimizer, grad_clip=grad_clip, bf16=self.config.optim.bf16,
                          collectives=self.collectives, samples=samples)
         if outcome.skipped:
+            if snapshot is not None:
+                snapshot.restore()
             return self._skip(outcome.skipped, metrics, timings)
         self.scheduler.step()
         timings["time/train"] = time.perf_counter() - t0
         self.bad_steps = 0
         metrics.update(outcome.metrics)
+        all_advantages = dist_utils.all_gather_cat(advantages)
         metrics.update({
-            "advantage_mean": advantages.mean().item(), "advantage_abs_mean": advantages.abs().mean().item(),
+            "advantage_mean": all_advantages.mean().item(), "advantage_abs_mean": all_advantages.abs().mean().item(),
             # groups whose rewards are all equal carry no advantage: a coarse reward starves GRPO
             "zero_variance_fraction": adv_mod.zero_variance_groups(
-                dist_utils.all_gather_cat(rewards), self.config.grpo.group_size).float().mean().item(),
+                all_rewards, self.config.grpo.group_size).float().mean().item(),
             "lr": self.scheduler.get_last_lr()[0], "skipped_total": self.skipped_total,
         })
         total_time = sum(timings.values())
         metrics.update(timings)
         metrics["images_per_s"] = len(prompts) * self.world / max(total_time, 1e-9)
         return metrics
+
+    def _optimizer_steps(self) -> int:
+        """An upper bound on the optimizer steps of one update (fewer when a minibatch would be empty)."""
+        g = self.config.grpo
+        return g.inner_epochs * g.minibatches
 
     def _skip(self, what: str, metrics: dict, timings: dict) -> dict:
         """A non-finite reward, loss or gradient: skip the update, count it, stop after too many."""
@@ -305,11 +355,30 @@ class Trainer:
             "step": self.step, "optimizer": optimizer, "scheduler": self.scheduler.state_dict(),
             "rng": ckpt.rng_state(), "tracker": None if self.tracker is None else self.tracker.state_dict(),
             "bad_steps": self.bad_steps, "skipped_total": self.skipped_total,
+            "config": yaml.safe_dump(to_dict(self.config), sort_keys=False), "world": self.world,  # what a resume must match
         }
         return ckpt.save(self.out_dir / "checkpoints", self.step, weights, state, self.config.run.keep_last)
 
+    def _resume(self) -> None:
+        """Load the run's newest valid checkpoint, after finishing what a killed process left."""
+        root = self.out_dir / "checkpoints"
+        if self.is_main:
+            for line in ckpt.recover(root):
+                print(f"[margrpo] {root}: {line}", file=sys.stderr)
+        dist_utils.all_ranks(True)  # the other ranks list the checkpoints once rank 0 has recovered them
+        latest = ckpt.latest(root)
+        if latest is not None:
+            self.load_checkpoint(latest)
+
     def load_checkpoint(self, path, weights_only: bool = False) -> None:
+        """Restore a checkpoint: the trainable weights and, unless weights_only, the training state,
+        which must come from the same settings (check_resume_config)."""
         weights, state = ckpt.load(path)
+        if not weights_only and "config" in state:
+            changed = check_resume_config(yaml.safe_load(state["config"]), state["world"], to_dict(self.config),
+                                          self.world, path)
+        else:
+            changed = []
         own = dict(self.policy.named_parameters())
         unknown = sorted(set(weights) - set(own))
         if unknown:
@@ -317,7 +386,11 @@ class Trainer:
         dist_utils.load_full_state_dict(self.policy, weights)
         if weights_only:
             return
-        dist_utils.load_optimizer_state(self.policy, self.optimizer, state["optimizer"])
+        try:
+            dist_utils.load_optimizer_state(self.policy, self.optimizer, state["optimizer"])
+        except (KeyError, ValueError) as err:  # a checkpoint of other trainable parameters (grpo.head, lora)
+            raise ConfigError(f"{path}: its optimizer state does not fit this config's trainable parameters "
+                              f"({err}); resume with the settings it was written with") from err
         self.scheduler.load_state_dict(state["scheduler"])
         ckpt.set_rng_state(state["rng"])
         if self.tracker is not None and state.get("tracker"):
@@ -325,7 +398,7 @@ class Trainer:
         self.step = state["step"]
         self.bad_steps, self.skipped_total = state.get("bad_steps", 0), state.get("skipped_total", 0)
         if self.is_main:
-            print(f"[margrpo] resumed from {path} at step {self.step}")
+            print(f"[margrpo] resumed from {path} at step {self.step}" + (f" ({'; '.join(changed)})" if changed else ""))
 
     # ------------------------------------------------------------------ the loop
     def _on_signal(self, signum, frame) -> None:
@@ -366,6 +439,46 @@ class Trainer:
         if self.is_main:
             plot_curves(self.out_dir / "metrics.jsonl", self.out_dir / "reward_curve.png")
         return results
+
+
+# keys a resumed run may change: they set how long it runs, where and how it reports, not what it
+# trains (run.steps also rescales a cosine schedule over the new length)
+RESUME_OVERRIDES = ("run.steps", "run.out_dir", "run.device", "run.threads", "run.parallel", "run.save_every",
+                    "run.keep_last", "run.eval_every", "run.log_every", "run.tensorboard", "run.wandb",
+                    "run.max_bad_steps", "run.resume", "pretrain")
+GLOBAL_BATCH = "grpo.prompts_per_step"  # per rank: a resume compares it times the world size
+
+
+def _flatten(tree, prefix: str = "") -> dict:
+    if isinstance(tree, dict) and tree:
+        return {k: v for key, value in tree.items() for k, v in _flatten(value, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: tree}
+
+
+def check_resume_config(saved: dict, saved_world: int, current: dict, world: int, path) -> list[str]:
+    """Raise ConfigError naming every key that differs between a checkpoint's config (written by
+    saved_world ranks) and this one, except RESUME_OVERRIDES; returns those as 'key: old -> new'.
+    The prompts per step compare over all ranks (2 ranks x 4 prompts resume as 1 x 8)."""
+    current = yaml.safe_load(yaml.safe_dump(current))  # the saved form (tuples as lists)
+    old, new = _flatten(saved), _flatten(current)
+    old[GLOBAL_BATCH] *= saved_world
+    new[GLOBAL_BATCH] *= world
+    changed = sorted(k for k in old.keys() | new.keys() if old.get(k, "<unset>") != new.get(k, "<unset>"))
+
+    def allowed(key: str) -> bool:
+        return any(key == a or key.startswith(a + ".") for a in RESUME_OVERRIDES)
+
+    def describe(key: str) -> str:
+        name = f"{key} x ranks" if key == GLOBAL_BATCH else key
+        return f"{name}: {old.get(key, '<unset>')!r} -> {new.get(key, '<unset>')!r}"
+
+    refused = [describe(k) for k in changed if not allowed(k)]
+    if refused:
+        raise ConfigError(
+            f"run.resume: {path} was written with other settings: {'; '.join(refused)}. A resumed run keeps its "
+            f"settings except {', '.join(RESUME_OVERRIDES)}; restore them, or start a new run "
+            "(another run.out_dir, or run.resume=never)")
+    return [describe(k) for k in changed]
 
 
 def _progress(total: int, initial: int, enabled: bool):
