@@ -91,7 +91,7 @@ def test_registry_lists_the_families_and_registers_new_ones(tmp_path):
     assert backbone_loader("nova") is nova.load and backbone_loader("harmon") is harmon.load
     with pytest.raises(KeyError, match="backbone.name: got 'nope', expected one of"):
         backbone_loader("nope")
-    with pytest.raises(ConfigError, match="backbone: name: got 'nope', expected a registered backbone"):
+    with pytest.raises(ConfigError, match="backbone.name: got 'nope', expected a registered backbone"):
         load_config(None, ["backbone.name=nope"])
 
     calls = []
@@ -139,7 +139,7 @@ def test_pretrain_never_overwrites_a_shipped_checkpoint(tmp_path):
 
 
 # ------------------------------------------------------------------ sample and eval for every backbone
-SMALL_ROLLOUT = {"num_mask_steps": 3, "cfg_scale": 2.0, "num_seeds": 0, "record_mask_steps": 0}
+SMALL_ROLLOUT = {"num_mask_steps": 3, "cfg_scale": 2.0, "num_seeds": 0, "record_mask_steps": 0, "record_diffusion_steps": 1}
 
 
 def _config(tmp_path, name: str, checkpoint) -> Path:
