@@ -142,7 +142,7 @@ def check_consistency(gen, M, C, dtype, threshold, device="cpu"):
 
 def grpo_inputs(gen, T, B, L, dtype, device="cpu"):
     old = rand(gen, T, B, L, dtype=dtype, device=device, scale=3.0, shift=-20.0)
-    logp = (old.double() + rand(gen, T, B, L, scale=0.3)).to(dtype).to(device)
+    logp = (old.double() + rand(gen, T, B, L, scale=0.3, device=device)).to(dtype)
     if logp.numel() > 2:
         logp.view(-1)[0] = old.view(-1)[0] + 40.0  # beyond the +-20 log-ratio clamp
         logp.view(-1)[1] = old.view(-1)[1] - 40.0

@@ -288,14 +288,15 @@ def test_gate_residual_kernel(adaln, dtype, norm):
 def test_kernels_take_deep_leading_dims_and_strided_rows(adaln):
     """Three leading dims (merged to two before the launch) and a non-unit last stride (copied) give
     the torch result; the in-place gate writes into a full-shape residual only."""
-    g = torch.Generator().manual_seed(5)
+    g, dev = torch.Generator().manual_seed(5), _device()
     W = 24
-    x = torch.randn(2, 3, 1, 4, W, generator=g, dtype=F64)
-    shift = torch.randn(W, 4, generator=g, dtype=F64).t()  # last stride 4
-    scale = torch.randn(3, 2, 4, W, generator=g, dtype=F64)
+    x = torch.randn(2, 3, 1, 4, W, generator=g, dtype=F64).to(dev)
+    shift = torch.randn(W, 4, generator=g, dtype=F64).to(dev).t()  # last stride 4
+    scale = torch.randn(3, 2, 4, W, generator=g, dtype=F64).to(dev)
     expected = F.layer_norm(x, (W,), None, None, 1e-6) * (1 + scale) + shift
     torch.testing.assert_close(adaln.ln_modulate(x, shift, scale), expected, rtol=1e-12, atol=1e-12)
-    residual, h = torch.randn(2, 3, 2, 4, W, generator=g, dtype=F64), torch.randn(3, 2, 4, W, generator=g, dtype=F64)
+    residual = torch.randn(2, 3, 2, 4, W, generator=g, dtype=F64).to(dev)
+    h = torch.randn(3, 2, 4, W, generator=g, dtype=F64).to(dev)
     expected = residual + shift * h
     got = adaln.gate_residual(residual, h, shift, in_place=True)
     assert got.data_ptr() == residual.data_ptr()
@@ -341,20 +342,22 @@ def test_broadcast_shape_is_torchs_rule():
 
 
 def test_kernel_wrappers_reject_bad_arguments(adaln):
-    x = torch.randn(2, 3, 8)
+    dev = _device()
+    x = torch.randn(2, 3, 8, device=dev)
     with pytest.raises(ValueError, match="shift: got shape"):
-        adaln.ln_modulate(x, torch.randn(3, 7), torch.randn(3, 8))
+        adaln.ln_modulate(x, torch.randn(3, 7, device=dev), torch.randn(3, 8, device=dev))
     with pytest.raises(ValueError, match="weight/bias"):
-        adaln.ln_modulate(x, torch.randn(3, 8), torch.randn(3, 8), weight=torch.ones(8))
+        adaln.ln_modulate(x, torch.randn(3, 8, device=dev), torch.randn(3, 8, device=dev), weight=torch.ones(8, device=dev))
     with pytest.raises(ValueError, match="out: got shape"):
-        adaln.gate_residual(x, x, torch.randn(3, 8), out=torch.empty(2, 8))
+        adaln.gate_residual(x, x, torch.randn(3, 8, device=dev), out=torch.empty(2, 8, device=dev))
 
 
 @pytest.mark.parametrize("make", [_tiny_mar, _tiny_nova], ids=["mar", "nova"])
 def test_head_denoise_triton_path_equals_torch_path(adaln, make):
-    head = make()
-    x = torch.randn(3, 1, 5, head.in_channels, dtype=F64)
-    modulation = head.condition(torch.randn(2, 5, head.z_channels, dtype=F64), 250)
+    dev = _device()  # the Triton path runs where triton does: CUDA, or the interpreter on CPU
+    head = make().to(dev)
+    x = torch.randn(3, 1, 5, head.in_channels, dtype=F64).to(dev)
+    modulation = head.condition(torch.randn(2, 5, head.z_channels, dtype=F64).to(dev), 250)
     with torch.no_grad():
         fused = head.denoise(x, modulation, backend="triton")
         plain = head.denoise(x, modulation, backend="torch")

@@ -46,7 +46,7 @@ def check_against_expected(x, mean, std, reduce, dtype):
     assert out.shape == ref.shape and out.dtype == (F64 if dtype == F64 else F32)
     assert_close(out, ref, dtype)
 
-    grad_out = torch.randn(ref.shape, dtype=torch.float64)
+    grad_out = torch.randn(ref.shape, dtype=torch.float64).to(ref.device)  # on the backend's device
     torch.autograd.backward(out, grad_out.to(out))
     torch.autograd.backward(ref, grad_out)
     for got, want in zip(leaves(x, mean, std), leaves(*ref_inputs)):

@@ -23,7 +23,7 @@ def check_against_expected(samples, dtype, scale=1.0, grads=True):
     assert out.shape == ref.shape and out.dtype == (F64 if dtype == F64 else F32)
     assert_close(out, ref, dtype, scale)
     if grads:
-        grad_out = torch.randn(ref.shape, dtype=torch.float64)
+        grad_out = torch.randn(ref.shape, dtype=torch.float64).to(ref.device)  # on the backend's device
         torch.autograd.backward(out, grad_out.to(out))
         torch.autograd.backward(ref, grad_out)
         assert samples.grad.shape == samples.shape and samples.grad.dtype == samples.dtype
@@ -61,7 +61,7 @@ def test_agreeing_seeds_give_zero_std_and_zero_gradient(backend, gen):
     values are dyadic with K = 4, so every way of computing the mean is exact and so is the zero."""
     backend.require(MODULE, *KERNELS)
     samples = randn(gen, 4, 5, 2, device=backend.device)
-    samples[:, 1] = torch.tensor([0.75, -3.5], dtype=F64)  # position 1 agrees in every channel
+    samples[:, 1] = torch.tensor([0.75, -3.5], dtype=F64, device=backend.device)  # position 1 agrees in every channel
     samples[:, 2, 0] = 5.0  # position 2 agrees in one channel only
     samples[:, 3] = samples[0, 3]  # generic agreeing values: zero up to rounding of the mean
     samples.requires_grad_()

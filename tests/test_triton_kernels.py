@@ -209,7 +209,7 @@ def test_grpo_surrogate_matches_reference(gen, T, B, L, dtype):
 def test_grpo_surrogate_clipping_extreme_ratios_and_determinism(gen):
     """Wide log-ratios (many clipped terms, some beyond the +-20 clamp); bitwise repeatable."""
     logp, old_logp, advantages, weights, mte_mask = surrogate_inputs(gen, 3, 4, 40, torch.float32, spread=2.0)
-    logp[0, 0, :3] = torch.tensor([45.0, -45.0, 19.0])
+    logp[0, 0, :3] = torch.tensor([45.0, -45.0, 19.0], device=DEVICE)
     args = (logp, old_logp, advantages, weights, mte_mask)
     loss, stats, grad = check_surrogate(args, 0.2, 0.28, torch.float32)
     assert 0.05 < stats[0] < 0.95, "the test should exercise both clipped and unclipped terms"
