@@ -135,3 +135,22 @@ def test_gradient_variance_is_paired_and_restores_the_settings(tmp_path, tiny_ch
     assert trainer.config.grpo.mte is True and trainer.step == 0
     with pytest.raises(ValueError, match="rollouts"):
         diagnostics.gradient_variance(trainer, rollouts=1)
+
+
+def test_common_group_noise_shares_the_order_within_groups_only(tmp_path, tiny_checkpoint):
+    trainer = make(tmp_path, tiny_checkpoint, "grpo.group_noise=common")
+    prompts, rollout = trainer.rollout(0)
+    groups = rollout.order.view(2, 4, -1)
+    assert all(torch.equal(g[0], g[i]) for g in groups for i in range(4))
+    assert not torch.equal(groups[0, 0], groups[1, 0])
+    independent = make(tmp_path, tiny_checkpoint)
+    _, own = independent.rollout(0)
+    assert not torch.equal(own.order[0], own.order[1])
+    # the recorded noise is each sample's own: a group's recorded log-probs differ
+    assert not torch.allclose(rollout.logp[:, 0], rollout.logp[:, 1])
+
+
+def test_diagnose_compare_names_a_grpo_setting():
+    with pytest.raises(SystemExit) as exit_info:
+        diagnostics.main(["--config", "configs/shapes-tiny.yaml", "--variance", "2", "--compare", "grpo.nonsense=1,2"])
+    assert exit_info.value.code == 2

@@ -593,3 +593,56 @@ def test_flow_sde_sampler_rollout_and_likelihood():
     assert torch.isfinite(rollout.tokens).all() and torch.isfinite(rollout.logp).all()
     likelihood = rollout_logprob(model, rollout)
     torch.testing.assert_close(likelihood.logp, rollout.logp, atol=1e-9, rtol=1e-9)
+
+
+# ---------------------------------------------------------------- common random numbers in a group
+def test_common_random_numbers_make_a_group_differ_only_where_recorded(backbone64, sampler):
+    from margrpo.rollout import shared_seed
+
+    prompts, seeds, shared = ["a red square"] * 2, [11, 12], [shared_seed(3, 0, 0)] * 2
+    config = _config(record_mask_steps=0)
+    nothing = _run(backbone64, sampler, config, seeds=seeds, prompts=prompts, plan=RecordPlan((), ()))
+    crn = generate_with(backbone64, sampler, config, prompts, seeds, shared, RecordPlan((), ()))
+    # with nothing recorded the two samples are one image; without sharing they are two
+    torch.testing.assert_close(crn.tokens[0], crn.tokens[1], atol=1e-12, rtol=0)  # batch rows round alike
+    assert (nothing.tokens[0] - nothing.tokens[1]).abs().max() > 1e-3
+    # the order comes from the shared seed; the seed trajectories stay each sample's own
+    expected_order = torch.randperm(backbone64.num_tokens, generator=torch.Generator().manual_seed(shared[0]))
+    assert torch.equal(crn.order[0], expected_order) and torch.equal(crn.order[1], expected_order)
+    assert (crn.seed_tokens[:, 0] - crn.seed_tokens[:, 1]).abs().amax(-1).min() > 0
+
+
+@pytest.mark.parametrize("positions", ["revealed", "unknown"])
+def test_common_random_numbers_draw_recorded_noise_from_the_own_seed(backbone64, sampler, positions):
+    from margrpo.rollout import mask_schedule, shared_seed
+
+    prompts, seeds, shared = ["a red square", "a red square"], [11, 12], [shared_seed(3, 0, 0)] * 2
+    config = _config(likelihood_positions=positions, record_mask_steps=2)
+    effective = [s for s, n in enumerate(mask_schedule(backbone64.num_tokens, 6, "nova")) if n > 0]
+    plan = RecordPlan(mask_steps=(effective[1], effective[3]), diffusion_steps=((0, 2, 3), (1, 3, 4)))
+    rollout = generate_with(backbone64, sampler, config, prompts, seeds, shared, plan)
+    N, C, T, K = backbone64.num_tokens, backbone64.token_channels, sampler.num_steps, config.num_seeds
+    counts = rollout.reveal_counts
+    for b, seed in enumerate(seeds):
+        generator = torch.Generator().manual_seed(seed)
+        torch.randperm(N, generator=generator)  # the own stream: its order draw is not used
+        own = torch.randn(N, T + 1, K + 1, C, generator=generator, dtype=torch.float64)
+        for j, step in enumerate(plan.mask_steps):
+            start = sum(counts[:step])
+            stop = N if positions == "unknown" else start + counts[step]
+            pos = rollout.order[b, start:stop]
+            x_t, x_prev, mean, std, _ = _recorded(rollout, b, j)
+            for r, i in enumerate(plan.diffusion_steps[j]):
+                drawn = (x_prev[r, 0] - mean[r, 0]) / std[r, 0]
+                torch.testing.assert_close(drawn, own[pos, i + 1, 0], atol=1e-9, rtol=1e-9)
+    # before the first recorded mask step the group's canvases agree; the images then differ
+    first = sum(counts[: plan.mask_steps[0]])
+    early = rollout.order[0, :first]
+    torch.testing.assert_close(rollout.tokens[0, early], rollout.tokens[1, early], atol=1e-12, rtol=0)
+    assert not torch.allclose(rollout.tokens[0], rollout.tokens[1])
+
+
+def generate_with(backbone, sampler, config, prompts, seeds, shared, plan):
+    from margrpo.rollout import generate
+
+    return generate(backbone, prompts, config, seeds, sampler=sampler, plan=plan, shared_seeds=shared)

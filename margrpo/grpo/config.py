@@ -32,6 +32,10 @@ class GRPOConfig:
     # drop groups whose rewards are all equal (no signal) from the policy term and its token-weight
     # normaliser, in every advantage mode (the KL still covers them)
     drop_zero_variance: bool = False
+    # common: the samples of a group share their mask order and all noise except the recorded
+    # transitions' (common random numbers), so reward differences inside a group come from what the
+    # likelihood scores; independent: every sample draws its own (the reference code)
+    group_noise: Literal["independent", "common"] = "independent"
     objective: Literal["clip", "reinforce"] = "clip"  # reinforce: the reference code's value-A/grad-A*dlogp
     clip_eps: float = 0.2
     clip_eps_high: Optional[float] = None

@@ -11,7 +11,7 @@ from .likelihood import RolloutLikelihood, rollout_logprob
 from .plan import RecordPlan, choose_plan
 from .record import Rollout, RolloutChunk
 from .schedule import effective_steps, harmon_schedule, mask_schedule, nova_schedule
-from .seeding import group_seeds, make_generators, sample_seed
+from .seeding import group_seeds, make_generators, sample_seed, shared_seed
 
 __all__ = [
     "RecordPlan",
@@ -29,4 +29,5 @@ __all__ = [
     "nova_schedule",
     "rollout_logprob",
     "sample_seed",
+    "shared_seed",
 ]

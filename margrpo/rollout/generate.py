@@ -13,6 +13,12 @@ position re-denoised at a later mask step ("unknown" mode) sees the same noise (
 numbers for the consistency test). The bank is transient: B N (T_diff + 1) (K + 1) C floats
 (NOVA-like B=16, N=1024, T=25, K=3, C=16: 109 MB).
 
+Common random numbers (`shared_seeds`): the samples of a GRPO group can share their order and every
+noise draw except those of the recorded transitions (and of the seed trajectories), which stay their
+own. Their rewards then differ only through what the likelihood scores, so the group baseline removes
+the reward variance of everything else (which carries no gradient signal) while the policy gradient
+stays unbiased: the shared draws are independent of every recorded action.
+
 With the post-step known mask (margrpo.rollout.post_step) a recorded step keeps the transitions of
 the positions still unknown after it and has them scored at the next effective step, whose forward
 sees the post-step canvas: no extra backbone pass, and the image is the same as with "pre_step".
@@ -85,6 +91,25 @@ def _draw_randomness(seeds, N: int, diff_steps: int, trajectories: int, C: int, 
     return torch.stack(orders), torch.stack(banks)
 
 
+def _recorded_noise(order, counts, plan: RecordPlan, unknown_mode: bool, diff_steps: int) -> torch.Tensor:
+    """bool [B, N, T_diff + 1]: the noise-bank entries of trajectory 0 that a recorded transition draws
+    (position p denoised at recorded mask step j, diffusion step i in plan.diffusion_steps[j] -> entry
+    i + 1); in "unknown" mode a recorded step denoises every position still unknown."""
+    B, N = order.shape
+    private = torch.zeros(B, N, diff_steps + 1, dtype=torch.bool, device=order.device)
+    recorded = dict(zip(plan.mask_steps, plan.diffusion_steps))
+    start = 0
+    for step in effective_steps(counts):
+        if step in recorded:
+            positions = order[:, start:] if unknown_mode else order[:, start : start + counts[step]]
+            entries = torch.zeros(diff_steps + 1, dtype=torch.bool, device=order.device)
+            entries[[i + 1 for i in recorded[step]]] = True
+            rows = torch.arange(B, device=order.device)[:, None]
+            private[rows, positions] |= entries  # "unknown" mode records a position at several steps
+        start += counts[step]
+    return private
+
+
 def _gather_rows(values: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """values [B, N, ...] at positions [B, P] -> [B, P, ...]."""
     index = positions.reshape(*positions.shape, *([1] * (values.dim() - 2)))
@@ -105,6 +130,7 @@ def generate(
     *,
     sampler=None,
     plan: RecordPlan | None = None,
+    shared_seeds: Sequence[int] | None = None,
 ) -> Rollout:
     """Generate one image per prompt and record the planned transitions.
 
@@ -112,9 +138,14 @@ def generate(
     group); seeds: B per-sample seeds (margrpo.rollout.seeding.group_seeds); sampler: the head's
     diffusion sampler (margrpo.diffusion; default backbone.make_sampler(config.num_diffusion_steps)).
     plan: the steps to record; by default drawn from a hash of the seeds, so the same seeds reproduce
-    the same plan. Runs without gradient.
+    the same plan. shared_seeds: B seeds (equal within a GRPO group, margrpo.rollout.shared_seed) for
+    common random numbers: the order and the main trajectory's noise come from them, except the noise
+    of the recorded transitions, which (like the seed trajectories' noise) comes from `seeds`. None:
+    everything from `seeds`. Runs without gradient.
     """
     _check_inputs(prompts, seeds, config)
+    if shared_seeds is not None:
+        _check_inputs(prompts, shared_seeds, config)
     if sampler is None:
         sampler = backbone.make_sampler(config.num_diffusion_steps)
     B, N, C = len(prompts), backbone.num_tokens, backbone.token_channels
@@ -128,10 +159,14 @@ def generate(
     _check_plan(plan, counts, sampler, config)
 
     order, noise_bank = _draw_randomness(seeds, N, diff_steps, K + 1, C, device, dtype)
+    unknown_mode = config.likelihood_positions == "unknown"
+    if shared_seeds is not None:
+        order, shared_bank = _draw_randomness(shared_seeds, N, diff_steps, 1, C, device, dtype)
+        own = _recorded_noise(order, counts, plan, unknown_mode, diff_steps)[..., None]
+        noise_bank[:, :, :, 0] = torch.where(own, noise_bank[:, :, :, 0], shared_bank[:, :, :, 0])
     cond = prompt_rows(backbone, list(prompts), config)
     steps = effective_steps(counts)
     recorded_index = {step: j for j, step in enumerate(plan.mask_steps)}
-    unknown_mode = config.likelihood_positions == "unknown"
     post_step = config.known_mask == "post_step"
     # in "unknown" mode the step before a recorded one also denoises every unknown position, for
     # the consistency test's previous prediction

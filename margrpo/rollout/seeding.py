@@ -27,6 +27,17 @@ def sample_seed(base_seed: int, rank: int, prompt_index: int, sample_index: int)
     return int.from_bytes(digest, "little") >> (64 - _SEED_BITS)
 
 
+def shared_seed(base_seed: int, rank: int, prompt_index: int) -> int:
+    """A 63-bit seed for the randomness a GRPO group shares (its order and the noise outside the
+    recorded transitions, margrpo.rollout.generate's `shared_seeds`), independent of every
+    sample_seed."""
+    for name, value in (("base_seed", base_seed), ("rank", rank), ("prompt_index", prompt_index)):
+        if not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name}: got {value!r}, expected a non-negative integer")
+    key = f"margrpo-group:{base_seed}:{rank}:{prompt_index}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> (64 - _SEED_BITS)
+
+
 def group_seeds(base_seed: int, rank: int, prompt_indices: Sequence[int], group_size: int) -> list[int]:
     """Seeds for a GRPO batch laid out prompt-major: for each prompt index, `group_size` samples."""
     if not isinstance(group_size, int) or group_size < 1:

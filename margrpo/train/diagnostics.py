@@ -17,12 +17,15 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import warnings
 from dataclasses import dataclass, field
 
 import torch
+import yaml
 
+from margrpo.grpo import GRPOConfig
 from margrpo.grpo.advantages import zero_variance_groups
 from margrpo.ops import reference as ops_reference
 
@@ -179,12 +182,7 @@ def diagnose(trainer, etas=(0.0, 1e-4, 3e-4, 1e-3, 3e-3), samples_per_prompt: in
              scan_seed: int = 987_654) -> Diagnosis:
     """Run the four checks on the trainer's next step (its prompts and seeds); the policy's weights
     are restored afterwards and its optimizer is not touched."""
-    from margrpo.rollout import generate
-
-    prompts, seeds, _ = trainer._step_prompts(trainer.step)
-    trainer.policy.eval()
-    rollout = generate(trainer.policy, prompts, trainer.config.rollout, seeds, sampler=trainer.sampler,
-                       plan=trainer._plan(trainer.step))
+    prompts, rollout = trainer.rollout(trainer.step)
     rewards = trainer.reward(rollout.images, prompts).total.float()
     diagnosis = Diagnosis(
         recorded_logp_error=recorded_logp_error(rollout),
@@ -234,8 +232,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=8, help="fresh samples per prompt for each step size")
     parser.add_argument("--variance", type=int, default=0, metavar="N",
                         help="also the policy-gradient variance over N rollouts, with and without MTE")
+    parser.add_argument("--compare", metavar="grpo.KEY=A,B", default=None,
+                        help="with --variance: the variants compared (default grpo.mte=true,false), e.g. "
+                             "grpo.group_noise=independent,common")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
+    variants = None
+    if args.compare:
+        key, _, values = args.compare.partition("=")
+        setting = key.removeprefix("grpo.")
+        if not values or setting not in {f.name for f in dataclasses.fields(GRPOConfig)}:
+            parser.error(f"--compare: got {args.compare!r}, expected grpo.KEY=A,B with KEY a grpo setting")
+        variants = {f"{setting}={v}": {setting: yaml.safe_load(v)} for v in values.split(",")}
     etas = [float(x) for x in args.etas.split(",") if x.strip()]
     if not etas or etas[0] != 0.0:
         parser.error(f"--etas: got {args.etas!r}, expected a comma list starting with 0 (the baseline)")
@@ -244,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.variance:
         print(f"policy-gradient variance over {args.variance} rollouts (same rollouts for each variant):")
         print(f"  {'variant':<14} {'|mean g|^2':>11} {'tr Cov':>11} {'relative':>9} {'|E g|^2 est':>12}")
-        for v in gradient_variance(trainer, args.variance):
+        for v in gradient_variance(trainer, args.variance, variants):
             print(f"  {v.variant:<14} {v.mean_sq_norm:>11.4g} {v.total_variance:>11.4g} {v.relative_variance:>9.3f}"
                   f" {v.signal_sq_norm:>12.4g}")
     return 0

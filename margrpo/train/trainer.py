@@ -24,7 +24,7 @@ from margrpo.config import ConfigFileNotFoundError, to_dict
 from margrpo.grpo import Collectives, update
 from margrpo.grpo import advantages as adv_mod
 from margrpo.models import load_backbone, resolve_device
-from margrpo.rollout import choose_plan, generate, mask_schedule, sample_seed
+from margrpo.rollout import choose_plan, generate, mask_schedule, sample_seed, shared_seed
 
 from . import checkpoint as ckpt
 from . import distributed as dist_utils
@@ -225,6 +225,17 @@ class Trainer:
         seeds = [sample_seed(self.config.run.seed, step, s, i) for s in slots for i in range(g.group_size)]
         return prompts, seeds, slots
 
+    def rollout(self, step: int):
+        """(prompts, Rollout) of training step `step`: its prompts, seeds and recording plan, with the
+        group's common random numbers under grpo.group_noise: common. The policy is put in eval mode."""
+        prompts, seeds, slots = self._step_prompts(step)
+        shared = None
+        if self.config.grpo.group_noise == "common":  # one seed per group
+            shared = [shared_seed(self.config.run.seed, step, s) for s in slots for _ in range(self.config.grpo.group_size)]
+        self.policy.eval()
+        return prompts, generate(self.policy, prompts, self.config.rollout, seeds, sampler=self.sampler,
+                                 plan=self._plan(step), shared_seeds=shared)
+
     def _plan(self, step: int):
         cfg = self.config.rollout
         counts = mask_schedule(self.policy.num_tokens, cfg.num_mask_steps, cfg.schedule)
@@ -250,9 +261,7 @@ class Trainer:
         step = self.step
         timings = {}
         t0 = time.perf_counter()
-        prompts, seeds, _ = self._step_prompts(step)
-        self.policy.eval()
-        rollout = generate(self.policy, prompts, self.config.rollout, seeds, sampler=self.sampler, plan=self._plan(step))
+        prompts, rollout = self.rollout(step)
         timings["time/rollout"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
