@@ -196,6 +196,17 @@ def test_sigterm_saves_a_checkpoint_and_exits(tmp_path, tiny_checkpoint):
     assert trainer.step == 1
     latest = ckpt.latest(tmp_path / "run" / "checkpoints")
     assert latest is not None and ckpt.verify(latest)["step"] == 1
+    assert trainer.stop_signal == signal.SIGTERM
+
+
+def test_a_signal_stop_exits_with_128_plus_the_signal(tmp_path, tiny_checkpoint):
+    from margrpo.train.trainer import main
+
+    SigtermOnSecondCall.calls = 0
+    config = str(Path(__file__).parent / "empty.yaml")
+    stopped = overrides(tmp_path / "a", tiny_checkpoint, "run.steps=5", "rewards={test_sigterm_on_second_call: 1.0}")
+    assert main(["--config", config, *stopped]) == 128 + signal.SIGTERM
+    assert main(["--config", config, *overrides(tmp_path / "b", tiny_checkpoint, "run.steps=1")]) == 0
 
 
 def test_non_finite_rewards_are_skipped_then_stop(tmp_path, tiny_checkpoint):

@@ -410,6 +410,11 @@ class Trainer:
             print(f"[margrpo] resumed from {path} at step {self.step}" + (f" ({'; '.join(changed)})" if changed else ""))
 
     # ------------------------------------------------------------------ the loop
+    @property
+    def stop_signal(self) -> int | None:
+        """The signal that stopped run() early (after saving a checkpoint), or None."""
+        return self._stop_signal
+
     def _on_signal(self, signum, frame) -> None:
         self._stop_signal = signum
 
@@ -520,4 +525,5 @@ def main(argv: list[str] | None = None) -> int:
         print(f"metrics: {out / 'metrics.jsonl'}; checkpoints: {out / 'checkpoints'}")
         (out / "summary.json").write_text(json.dumps(results, indent=1))
     dist_utils.shutdown()
-    return 0
+    # stopped by SIGTERM/SIGINT (checkpoint saved): the shell's 128 + signal, so a scheduler can tell
+    return 0 if trainer.stop_signal is None else 128 + trainer.stop_signal
