@@ -447,6 +447,28 @@ def test_one_grpo_step_through_the_trainer_changes_only_trainable_parameters(tin
     assert "mar.encoder_blocks.0.attn.qkv.weight" in changed and "mar.decoder_pos_embed_learned" in changed
 
 
+def test_grpo_step_under_cuda_bf16_autocast(tiny_dir, tmp_path):
+    """optim.bf16 (autocast) over float32 weights, with CUDA's autocast rules: the MAR decoder's
+    scatter of bf16 decoder_embed outputs into the float32 mask-token canvas needs one dtype."""
+    from cuda_autocast import cuda_autocast_rules
+
+    from margrpo.train.config import load_config
+    from margrpo.train.trainer import Trainer
+
+    overrides = [
+        "backbone.name=harmon", f"backbone.checkpoint={tiny_dir[0]}", f"run.out_dir={tmp_path / 'run'}",
+        "run.tensorboard=false", "run.eval_every=0", "run.save_every=0", "run.threads=1", "run.device=cpu",
+        "rollout.num_mask_steps=3", "rollout.schedule=harmon", "rollout.cfg_scale=3.0", "rollout.cfg_channels=eps",
+        "rollout.num_seeds=2", "rollout.record_mask_steps=1", "rollout.record_diffusion_steps=2",
+        "grpo.group_size=2", "grpo.prompts_per_step=1", "grpo.kl_beta=0.01", "grpo.mte=true",
+        "rewards={jpeg_incompressibility: 1.0}", "optim.lr=1e-4", "optim.bf16=true",
+    ]
+    trainer = Trainer(load_config(None, overrides), create_run_dir=False)
+    with cuda_autocast_rules():
+        metrics = trainer.train_step()
+    assert metrics["updates"] == 1 and "skipped" not in metrics and metrics["grad_norm"] > 0
+
+
 @pytest.mark.parametrize("name", ["harmon-1.5b", "harmon-1.5b-parity"])
 def test_configs_load(name, tiny_dir):
     from margrpo.train.config import load_config

@@ -5,6 +5,7 @@ step through the shared trainer, the configs, and the benchmark's CPU path."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib.util
 import json
 import math
@@ -407,3 +408,21 @@ def test_gpu_benchmark_runs_at_tiny_size(tmp_path):
     assert all(r["ms"] > 0 and r["images_per_s"] > 0 for r in result["rows"])
     assert result["speedup"]["grpo_step"] > 0 and isinstance(result["meets_target"], bool)
     assert result["settings"]["preset"] == "nova-tiny" and "speedup vs reference" in module.format_table(result)
+
+
+def test_gpu_benchmark_grpo_step_under_cuda_bf16_autocast(tmp_path):
+    """bench_nova as on the GPU: bf16 weights, the trainer's GRPO step under bf16 autocast (optim.bf16),
+    with CUDA's autocast rules (float32 LayerNorm outputs: the spatial encoder's scatter met a float32
+    block output and bf16 tokens), and the reference-style step beside it."""
+    from cuda_autocast import cuda_autocast_rules
+
+    from margrpo.bench.models import NovaBenchSettings, bench_nova
+
+    settings = dataclasses.replace(NovaBenchSettings.tiny(), dtype="bfloat16", bf16=True, mask_steps=3,
+                                   warmup_mask_steps=3)
+    rows = []
+    with cuda_autocast_rules():
+        result = bench_nova("cpu", settings, on_row=rows.append)
+    assert [(r["what"], r["path"]) for r in rows] == [
+        (w, p) for w in ("rollout", "grpo_step") for p in ("fused", "reference")]
+    assert rows == result["rows"] and all(r["ms"] > 0 for r in rows)

@@ -1,12 +1,14 @@
 """NOVA-0.6B @512 on the GPU: rollout images/s and one GRPO step, fused vs reference-style (bf16,
-random init at the real sizes; margrpo.bench.models.bench_nova). Writes OUT/nova.json.
+random init at the real sizes; margrpo.bench.models.bench_nova). Writes OUT/nova.json after every row.
 
-    python benchmarks/gpu/nova.py --out OUT            # CUDA, real sizes (well under 2 minutes on an H200)
+    python benchmarks/gpu/nova.py --out OUT            # CUDA, real sizes, 64 mask steps (about 2 minutes on an H200)
+    python benchmarks/gpu/nova.py --out OUT --mask-steps 16 --record-mask-steps 3   # the GPU script's cut (~35 s)
     python benchmarks/gpu/nova.py --out OUT --tiny     # the tiny preset on CPU: checks this script
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -16,18 +18,22 @@ import torch
 TARGET_GRPO_SPEEDUP = 3.0  # the issue's target for the fused GRPO step
 
 
-def run(out_dir: str | Path, tiny: bool = False) -> dict:
-    """Benchmark NOVA, write out_dir/nova.json and return its content (plus `meets_target`)."""
+def run(out_dir: str | Path, tiny: bool = False, **overrides) -> dict:
+    """Benchmark NOVA, write out_dir/nova.json (rewritten after every row) and return its content (plus
+    `meets_target`). overrides: NovaBenchSettings fields (mask_steps, record_mask_steps, repeats, ...)."""
+    from margrpo.bench.machine import JsonReport
     from margrpo.bench.models import NovaBenchSettings, bench_nova
 
     device = torch.device("cuda" if torch.cuda.is_available() and not tiny else "cpu")
     if device.type == "cpu" and not tiny:
         raise RuntimeError("benchmarks/gpu/nova.py: no CUDA device; run with --tiny for the CPU check")
     settings = NovaBenchSettings.tiny() if tiny else NovaBenchSettings()
-    result = bench_nova(device, settings)
-    result["meets_target"] = result["speedup"]["grpo_step"] >= TARGET_GRPO_SPEEDUP
+    settings = dataclasses.replace(settings, **{k: v for k, v in overrides.items() if v is not None})
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    report = JsonReport(str(out / "nova.json"), device, settings=dataclasses.asdict(settings))
+    result = bench_nova(device, settings, on_row=report.add)
+    result["meets_target"] = result["speedup"]["grpo_step"] >= TARGET_GRPO_SPEEDUP
     (out / "nova.json").write_text(json.dumps(result, indent=1) + "\n")
     return result
 
@@ -45,10 +51,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="output directory (nova.json)")
     parser.add_argument("--tiny", action="store_true", help="the tiny preset on CPU")
+    parser.add_argument("--mask-steps", type=int, help="mask steps S of the timed rollout and step (default: 64)")
+    parser.add_argument("--record-mask-steps", type=int, help="recorded (trained) mask steps (default: 12)")
+    parser.add_argument("--warmup-mask-steps", type=int, help="mask steps of the warm-up calls (default: 8)")
+    parser.add_argument("--repeats", type=int, help="interleaved timed rounds per path (default: 1)")
     args = parser.parse_args(argv)
     if args.tiny:
         torch.set_num_threads(1)
-    print(format_table(run(args.out, tiny=args.tiny)))
+    print(format_table(run(args.out, tiny=args.tiny, mask_steps=args.mask_steps,
+                           record_mask_steps=args.record_mask_steps, warmup_mask_steps=args.warmup_mask_steps,
+                           repeats=args.repeats)))
     return 0
 
 

@@ -13,8 +13,11 @@ switches; they differ in how the work is organised):
   reference  the reference code's way: at every mask step the head denoises ALL N tokens of every
              image, one chain per trajectory through the official head forward (modulation recomputed
              in each call); the likelihood re-evaluates all N tokens per recorded step and trajectory
-Each path is warmed up on a short schedule, then timed once (CUDA events on GPU); peak memory is
-torch.cuda.max_memory_allocated during the timed run.
+Both paths are warmed up on a short schedule, then timed in `repeats` interleaved rounds (median;
+margrpo.bench.timing, CUDA events on GPU); peak memory is torch.cuda.max_memory_allocated during the
+timed calls. A row is handed to `on_row` as soon as it is measured (the GPU script writes its JSON
+then). The GRPO step runs the trainer's bf16 autocast on CUDA (settings.bf16 overrides: a CPU test
+runs it too).
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from pathlib import Path
 import torch
 
 from margrpo.bench.machine import machine_description
+from margrpo.bench.timing import median_ms, synchronize
 from margrpo.grpo.advantages import group_advantages
 from margrpo.heads.reference import eager_denoise_logprob, eager_multi_seed_denoise
 from margrpo.rollout import RolloutConfig, choose_plan, effective_steps, generate, mask_schedule
@@ -50,6 +54,8 @@ class NovaBenchSettings:
     record_mask_steps: int = 12
     record_diffusion_steps: int = 10
     warmup_mask_steps: int = 8
+    repeats: int = 1  # interleaved timed rounds per path (median)
+    bf16: bool | None = None  # the trainer's optim.bf16 (autocast); None: on CUDA only
 
     @classmethod
     def tiny(cls) -> "NovaBenchSettings":
@@ -68,20 +74,19 @@ class NovaBenchSettings:
                              record_diffusion_steps=self.record_diffusion_steps, likelihood_positions="unknown")
 
 
-def _timed(fn, device: torch.device) -> tuple[float, float]:
-    """(ms, peak GiB allocated; 0 on CPU) of one call."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def with_peak(fn, device: torch.device, peaks: dict[str, float], name: str):
+    """fn, recording into peaks[name] the most GiB allocated during any of its calls (0 on CPU). The
+    allocator's peak is known on the host when fn returns: no synchronisation is added."""
+    def call():
+        if device.type != "cuda":
+            peaks.setdefault(name, 0.0)
+            return fn()
         torch.cuda.reset_peak_memory_stats(device)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize(device)
-        return start.elapsed_time(end), torch.cuda.max_memory_allocated(device) / 2**30
-    begin = time.perf_counter()
-    fn()
-    return (time.perf_counter() - begin) * 1e3, 0.0
+        out = fn()
+        peaks[name] = max(peaks.get(name, 0.0), torch.cuda.max_memory_allocated(device) / 2**30)
+        return out
+
+    return call
 
 
 @torch.no_grad()
@@ -162,6 +167,7 @@ def _nova_trainer(backbone, settings: NovaBenchSettings, device: torch.device, w
     from margrpo.train.config import load_config
     from margrpo.train.trainer import Trainer
 
+    bf16 = device.type == "cuda" if settings.bf16 is None else settings.bf16
     prompt_file = workdir / "prompts.txt"
     prompt_file.write_text("\n".join(NOVA_PROMPTS) + "\n")
     r = settings.rollout_config()
@@ -177,18 +183,22 @@ def _nova_trainer(backbone, settings: NovaBenchSettings, device: torch.device, w
         "grpo.pixels_per_token=4", "grpo.consistency=true", "grpo.kl_beta=0.01", "grpo.channel_reduction=mean",
         "grpo.normalization=update", "grpo.mte_include_rollout=false", "grpo.mte_k=reference",
         "grpo.mte_random_positions=1", "grpo.advantage_std=unbiased",
-        "rewards={jpeg_incompressibility: 1.0}", f"optim.bf16={str(device.type == 'cuda').lower()}", "optim.lr=1e-6",
+        "rewards={jpeg_incompressibility: 1.0}", f"optim.bf16={str(bf16).lower()}", "optim.lr=1e-6",
     ]
     return Trainer(load_config(None, overrides), create_run_dir=False, policy=backbone)
 
 
-def bench_nova(device: torch.device | str, settings: NovaBenchSettings | None = None, seed: int = 0) -> dict:
-    """Rollout images/s and GRPO step time, fused vs reference-style, with peak memory -> {machine, settings, rows, speedup}."""
+def bench_nova(device: torch.device | str, settings: NovaBenchSettings | None = None, seed: int = 0,
+               on_row=None) -> dict:
+    """Rollout images/s and GRPO step time, fused vs reference-style, with peak memory -> {machine,
+    settings, rows, speedup}; on_row(row) is called as each row is measured."""
     from margrpo.models import nova
 
     settings = settings or NovaBenchSettings()
     device = torch.device(device)
+    began = time.perf_counter()
     backbone = nova.build(settings.preset, device=device, dtype=settings.dtype, seed=seed)
+    print(f"[bench_nova] built {settings.preset} ({settings.dtype}) in {time.perf_counter() - began:.1f} s", flush=True)
     sampler = backbone.make_sampler(settings.diffusion_steps)
     prompts = [NOVA_PROMPTS[i % len(NOVA_PROMPTS)] for i in range(settings.prompts) for _ in range(settings.group_size)]
     seeds = list(range(settings.batch))
@@ -200,38 +210,49 @@ def bench_nova(device: torch.device | str, settings: NovaBenchSettings | None = 
         steps = mask_schedule(backbone.num_tokens, cfg.num_mask_steps, "nova")
         return choose_plan(steps, sampler, cfg.record_mask_steps, cfg.record_diffusion_steps, torch.Generator().manual_seed(seed))
 
-    def add(what: str, path: str, fn, warmup) -> None:
-        warmup()
-        ms, peak = _timed(fn, device)
-        rows.append({"what": what, "path": path, "images": settings.batch, "ms": ms,
-                     "images_per_s": settings.batch / (ms / 1e3), "peak_gib": peak})
-        print(f"[bench_nova] {what:<9} {path:<9} {ms:10.1f} ms  peak {peak:.2f} GiB", flush=True)
+    def compare(what: str, paths: dict, warmups: dict) -> None:
+        """Warm every path up (short schedule), then time them in interleaved rounds."""
+        start = time.perf_counter()
+        for warm in warmups.values():
+            warm()
+        synchronize(device)
+        print(f"[bench_nova] {what}: warm-up {time.perf_counter() - start:.1f} s", flush=True)
+        peaks: dict[str, float] = {}
+        timed = median_ms({p: with_peak(fn, device, peaks, p) for p, fn in paths.items()}, device, settings.repeats, warmup=0)
+        for path, ms in timed.items():
+            rows.append({"what": what, "path": path, "images": settings.batch, "ms": ms,
+                         "images_per_s": settings.batch / (ms / 1e3), "peak_gib": peaks[path]})
+            print(f"[bench_nova] {what:<9} {path:<9} {ms:10.1f} ms  peak {peaks[path]:.2f} GiB", flush=True)
+            if on_row:
+                on_row(rows[-1])
 
     generator = torch.Generator(device=device).manual_seed(seed)
     plan, short_plan = plan_for(config), plan_for(short)
-    add("rollout", "fused", lambda: generate(backbone, prompts, config, seeds, sampler=sampler, plan=plan),
-        lambda: generate(backbone, prompts, short, seeds, sampler=sampler, plan=short_plan))
-    add("rollout", "reference", lambda: nova_reference_rollout(backbone, prompts, config, sampler, plan, generator),
-        lambda: nova_reference_rollout(backbone, prompts, short, sampler, short_plan, generator))
+    compare("rollout",
+            {"fused": lambda: generate(backbone, prompts, config, seeds, sampler=sampler, plan=plan),
+             "reference": lambda: nova_reference_rollout(backbone, prompts, config, sampler, plan, generator)},
+            {"fused": lambda: generate(backbone, prompts, short, seeds, sampler=sampler, plan=short_plan),
+             "reference": lambda: nova_reference_rollout(backbone, prompts, short, sampler, short_plan, generator)})
 
     with tempfile.TemporaryDirectory() as workdir:
         trainer = _nova_trainer(backbone, settings, device, Path(workdir))
         full_config = trainer.config
+        optimizer = torch.optim.AdamW(trainer.policy.trainable_parameters(), lr=1e-6)
 
         def warm_trainer() -> None:  # the same step on a short schedule
             trainer.config = dataclasses.replace(full_config, rollout=dataclasses.replace(
                 full_config.rollout, num_mask_steps=short.num_mask_steps, record_mask_steps=short.record_mask_steps))
-            trainer.train_step()
-            trainer.config = full_config
-
-        add("grpo_step", "fused", trainer.train_step, warm_trainer)
-        optimizer = torch.optim.AdamW(trainer.policy.trainable_parameters(), lr=1e-6)
+            try:
+                trainer.train_step()
+            finally:
+                trainer.config = full_config
 
         def reference_step(cfg: RolloutConfig, step_plan) -> None:
             nova_reference_grpo_step(trainer.policy, trainer.reference, optimizer, prompts, cfg, sampler, step_plan,
                                      trainer.reward, settings.group_size, 0.01, generator)
 
-        add("grpo_step", "reference", lambda: reference_step(config, plan), lambda: reference_step(short, short_plan))
+        compare("grpo_step", {"fused": trainer.train_step, "reference": lambda: reference_step(config, plan)},
+                {"fused": warm_trainer, "reference": lambda: reference_step(short, short_plan)})
 
     def speedup(what: str) -> float:
         times = {r["path"]: r["ms"] for r in rows if r["what"] == what}

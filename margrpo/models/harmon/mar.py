@@ -160,7 +160,8 @@ class MAR(nn.Module):
         full = self.mask_token.expand(batch, buffer + side * side, -1)
         # buffer slots and known tokens take the encoder's output, masked positions the mask token
         slots = torch.cat([torch.arange(buffer, device=visible.device).expand(batch, -1), buffer + visible], 1)
-        full = full.scatter(1, slots[..., None].expand(-1, -1, x.shape[-1]), x)
+        # decoder_embed's output is bf16 under autocast while the mask token stays float32: one dtype
+        full = full.scatter(1, slots[..., None].expand(-1, -1, x.shape[-1]), x.to(full.dtype))
         x = full + self._grid_positions(self.decoder_pos_embed_learned, side, buffer)
         x = self.decoder_norm(self._blocks(self.decoder_blocks, x))[:, buffer:]
         return x + self._grid_positions(self.diffusion_pos_embed_learned, side, 0)

@@ -239,7 +239,9 @@ class NovaTransformer(nn.Module):
         cond_out, visible_out = h.split([cond.shape[1], most], 1)
         if ragged:  # padding slots hold unknown positions: leave those as they were
             visible_out = torch.where(valid[..., None], visible_out, visible)
-        h = torch.cat([cond_out, x.scatter(1, index, visible_out)], 1)
+        # under autocast the blocks' output can be bf16 while x (float32 mask token and positions) is not:
+        # scatter needs one dtype, and x's is the residual stream's (the dtype without autocast)
+        h = torch.cat([cond_out, x.scatter(1, index, visible_out.to(x.dtype))], 1)
         for block in encoder.blocks[encoder.encoder_depth:]:
             h = block(h)
         return encoder.norm(h[:, cond.shape[1]:])
