@@ -15,9 +15,9 @@ from margrpo.rollout import generate
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "shapes-tiny.yaml"
-TINY = ["backbone.checkpoint=builtin:shapes-tiny", "grpo.prompts_per_step=1", "grpo.group_size=2",
+TINY = ["backbone.checkpoint=builtin:shapes-tiny", "grpo.prompts_per_step=1", "grpo.group_size=4",
         "rollout.num_mask_steps=4", "backbone.diffusion_steps=4", "rollout.record_mask_steps=2",
-        "rollout.record_diffusion_steps=2"]
+        "rollout.record_diffusion_steps=2", "run.threads=1"]
 COLUMNS = ("rollout", "reward", "train", "total")
 
 
@@ -35,7 +35,8 @@ def test_config_gets_the_reference_algorithm_and_rejects_overriding_it():
                                                                           "parity_mean_k3")
     assert config.rollout.likelihood_positions == "unknown"
     assert g.minibatches == config.rollout.record_mask_steps == 2
-    assert (g.prompts_per_step, g.group_size, config.rollout.num_mask_steps) == (1, 2, 4)
+    assert (g.prompts_per_step, g.group_size, config.rollout.num_mask_steps) == (1, 4, 4)
+    assert g.group_noise == "independent"  # the reference draws every sample on its own
     with pytest.raises(ValueError, match="grpo.objective"):
         bench_step.load_bench_config(CONFIG, [*TINY, "grpo.objective=clip"])
     with pytest.raises(ValueError, match="grpo.minibatches"):
@@ -53,10 +54,10 @@ def test_both_paths_run_and_the_fused_images_are_the_trainers_rollout():
     for path, run_step in (("fused", bench.fused), ("reference", bench.reference)):
         times, images, rewards = run_step(1)
         assert set(times) == {"rollout", "reward", "train"} and all(t > 0 for t in times.values()), path
-        assert images.shape == (2, 3, 32, 32) and images.dtype == torch.float32, path
+        assert images.shape == (4, 3, 32, 32) and images.dtype == torch.float32, path
         assert torch.isfinite(images).all() and images.min() >= 0 and images.max() <= 1, path
         assert images.std() > 0.05, f"{path}: a blank image batch"
-        assert rewards.shape == (2,) and ((rewards >= 0) & (rewards <= 1)).all(), path
+        assert rewards.shape == (4,) and ((rewards >= 0) & (rewards <= 1)).all(), path
         if path == "fused":
             torch.testing.assert_close(images, expected, rtol=0, atol=1e-6)
 
@@ -74,7 +75,7 @@ def test_cli_prints_the_table_and_writes_the_report(tmp_path, capsys):
     assert set(report) == {"machine", "settings", "steps", "rows", "mean_s", "speedup", "command"}
     assert {"cpu_count", "torch_threads", "load_average_before", "load_average_after"} <= set(report["machine"])
     assert report["machine"]["torch_threads"] == report["settings"]["torch_threads"] == 1
-    assert report["settings"]["images"] == 2 and report["settings"]["algorithm"]["grpo.minibatches"] == 2
+    assert report["settings"]["images"] == 4 and report["settings"]["algorithm"]["grpo.minibatches"] == 2
     rows = report["rows"]
     assert [(r["step"], r["path"]) for r in rows] == [(1, "fused"), (1, "reference"), (2, "fused"), (2, "reference")]
     for row in rows:

@@ -48,6 +48,7 @@ PARITY_OVERRIDES = {
     "grpo.minibatch_over": "mask_steps",
     "grpo.kl_type": "parity_mean_k3",
     "rollout.likelihood_positions": "unknown",
+    "grpo.group_noise": "independent",  # the reference draws every sample's noise on its own
 }
 FIXED_KEYS = (*PARITY_OVERRIDES, "grpo.minibatches")
 
