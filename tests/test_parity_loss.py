@@ -351,6 +351,15 @@ def test_nova_consistency_per_pixel():
     assert_point("nova", only(consistency=True), ["grpo.pixels_per_token=1"], mte=False, consistency=True, beta=0.0)
 
 
+@pytest.mark.parametrize("model, ratio", [("nova", 0.01), ("harmon", 0.05)])
+def test_reference_top_k_count_when_ratio_times_positions_is_below_one(model, ratio):
+    """The reference's top-k count max(1, int(ratio * n)): with ratio * n < 1 (NOVA: 0.64 of 64
+    pixels; Harmon: 0.8 of 16 tokens) it still takes the most uncertain position, where the default
+    floor takes none."""
+    assert_point(model, only(mte=True) + [f"grpo.mte_ratio={ratio}"], ["grpo.mte_k=floor"],
+                 mte=True, consistency=False, beta=0.0)
+
+
 def test_harmon_consistency_per_token():
     case = Case("harmon", only(consistency=True))
     assert_updates_match(case.ours(), reference_losses(case, mte=False, consistency=True, beta=0.0))
