@@ -6,12 +6,19 @@ before anything imports triton (importing torch does not).
 from __future__ import annotations
 
 import os
+import sys
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-import torch
+# `python -m pytest` puts the checkout's root on sys.path, where the top-level kernels/ folder (installed
+# as margrpo.kernels) would shadow the PyPI package `kernels` that transformers imports. margrpo is
+# installed, so the tests need the root off the path.
+_ROOT = Path(__file__).resolve().parents[1]
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT]
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
