@@ -13,7 +13,6 @@ the service overhead (encoding, HTTP, decoding).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from margrpo.bench.machine import machine_description
+from margrpo.bench.machine import JsonReport
 from margrpo.rewards import RemoteReward, build_reward, synthetic
 from margrpo.rewards.server import RewardServer
 
@@ -64,7 +63,8 @@ def _build(name: str, root: Path, size: str, device: torch.device, dtype: str):
         return RemoteReward(url=server.url, remote_name="served", timeout=600, retries=0), server.stop
     if name in WEIGHT_FREE:
         return build_reward(name, device="cpu"), lambda: None
-    options = synthetic.write(name, root / name, size)
+    # drawn on the benchmark's device and stored in its dtype: random weights ready in seconds
+    options = synthetic.write(name, root / name, size, device=device, dtype=dtype)
     return build_reward(name, device=str(device), dtype=dtype, **options), lambda: None
 
 
@@ -125,16 +125,18 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"--rewards: got {', '.join(unknown)}, expected names from {', '.join(REWARDS)}")
     device = torch.device(args.device)
+    report = JsonReport(args.json, device)  # rewritten after every reward
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in names:
-            print(f"bench rewards: {name} ...", file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    for name in names:
+        print(f"bench rewards: {name} ...", file=sys.stderr, flush=True)
+        with tempfile.TemporaryDirectory() as tmp:  # each reward's weights removed after its row
             rows.append(measure(name, args.size, device, args.dtype, args.batch, args.image_size, args.repeats,
                                 Path(tmp)))
+        report.add(asdict(rows[-1]))
+        print(f"bench rewards: {name}: {rows[-1].median_ms} ms per batch, at {time.perf_counter() - started:.0f} s",
+              file=sys.stderr, flush=True)
     print(format_table(rows))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"machine": machine_description(device), "rows": [asdict(r) for r in rows]}, f, indent=1)
     return 0
 
 

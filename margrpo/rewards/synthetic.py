@@ -3,7 +3,10 @@
 `write(name, root, size)` creates what the reward `name` loads (same files, same key names, same
 configuration formats as the published weights) under `root` and returns the reward's path
 options. size 'tiny' builds a few-layer model of the same architecture (CPU tests); 'full' builds
-the published sizes (GPU speed benchmarks; the scores are meaningless, the cost is real).
+the published sizes (GPU speed benchmarks; the scores are meaningless, the cost is real). `device`
+is where the random init runs (a GPU draws a 1 B-parameter model in well under a second, a CPU takes
+half a minute); `dtype` stores the hps and CLIP weights in that dtype (bf16 halves the file a bf16
+benchmark writes and reads back).
 Tokenizer vocabularies are always small; the models' embedding tables keep the real sizes at 'full'.
 Random inits are widened where a library zero-initialises tensors, so every layer affects the score.
 """
@@ -67,7 +70,7 @@ def write_bert_vocab(directory: Path) -> None:
     (directory / "vocab.txt").write_text("\n".join(BERT_WORDS) + "\n")
 
 
-def write_hf_clip(directory: Path, size: str, seed: int, large: bool = False) -> Path:
+def write_hf_clip(directory: Path, size: str, seed: int, large: bool = False, dtype: torch.dtype | None = None) -> Path:
     """A CLIPModel directory: tiny, ViT-L/14 (large=False) or ViT-H/14 (large=True) at 'full'."""
     from transformers import CLIPConfig, CLIPModel
 
@@ -95,11 +98,12 @@ def write_hf_clip(directory: Path, size: str, seed: int, large: bool = False) ->
         projection, image_size = 768, 224
     write_clip_processor(directory, image_size)
     torch.manual_seed(seed)
-    CLIPModel(CLIPConfig(text_config=text, vision_config=vision, projection_dim=projection)).save_pretrained(directory)
+    model = CLIPModel(CLIPConfig(text_config=text, vision_config=vision, projection_dim=projection))
+    model.to(device="cpu", dtype=dtype).save_pretrained(directory)
     return directory
 
 
-def write_hps(root: Path, size: str = "tiny") -> dict:
+def write_hps(root: Path, size: str = "tiny", dtype: torch.dtype | None = None) -> dict:
     """hps/HPS_v2.1_compressed.pt: an open_clip state dict under 'state_dict' (as hpsv2 loads it)."""
     import open_clip
 
@@ -114,7 +118,9 @@ def write_hps(root: Path, size: str = "tiny") -> dict:
         model = open_clip.create_model("ViT-H-14", pretrained=None, **OPEN_CLIP_TINY)
     else:
         model = open_clip.create_model("ViT-H-14", pretrained=None)
-    torch.save({"state_dict": model.state_dict()}, options["path"])
+    state = {k: v.to(device="cpu", dtype=dtype if dtype is not None and v.is_floating_point() else v.dtype)
+             for k, v in model.state_dict().items()}
+    torch.save({"state_dict": state}, options["path"])
     return options
 
 
@@ -153,33 +159,33 @@ def write_image_reward(root: Path, size: str = "tiny") -> dict:
     state = net.state_dict()
     positions = med["max_position_embeddings"]
     state["blip.text_encoder.embeddings.position_ids"] = torch.arange(positions).expand(1, -1)  # med.py keeps it
-    torch.save(state, directory / "ImageReward.pt")
+    torch.save({k: v.cpu() for k, v in state.items()}, directory / "ImageReward.pt")
     return {"path": str(directory)}
 
 
-def write_aesthetic(root: Path, size: str = "tiny") -> dict:
+def write_aesthetic(root: Path, size: str = "tiny", dtype: torch.dtype | None = None) -> dict:
     """aesthetic/: the head sac+logos+ava1-l14-linearMSE.pth and a CLIP ViT-L/14 directory."""
     from .mlp_head import ScoreMLP
 
     _check_size(size)
-    clip = write_hf_clip(root / "aesthetic" / "clip-vit-large-patch14", size, seed=3)
+    clip = write_hf_clip(root / "aesthetic" / "clip-vit-large-patch14", size, seed=3, dtype=dtype)
     torch.manual_seed(4)
     head = ScoreMLP(16 if size == "tiny" else 768)
     with torch.no_grad():
         for p in head.parameters():
             p.normal_(std=0.3)
-    torch.save(head.state_dict(), root / "aesthetic" / "sac+logos+ava1-l14-linearMSE.pth")
+    torch.save({k: v.cpu() for k, v in head.state_dict().items()}, root / "aesthetic" / "sac+logos+ava1-l14-linearMSE.pth")
     return {"path": str(root / "aesthetic" / "sac+logos+ava1-l14-linearMSE.pth"), "clip_path": str(clip)}
 
 
-def write_pickscore(root: Path, size: str = "tiny") -> dict:
+def write_pickscore(root: Path, size: str = "tiny", dtype: torch.dtype | None = None) -> dict:
     _check_size(size)
-    return {"path": str(write_hf_clip(root / "pickscore", size, seed=5, large=True))}
+    return {"path": str(write_hf_clip(root / "pickscore", size, seed=5, large=True, dtype=dtype))}
 
 
-def write_clipscore(root: Path, size: str = "tiny") -> dict:
+def write_clipscore(root: Path, size: str = "tiny", dtype: torch.dtype | None = None) -> dict:
     _check_size(size)
-    return {"path": str(write_hf_clip(root / "clip-vit-large-patch14", size, seed=6))}
+    return {"path": str(write_hf_clip(root / "clip-vit-large-patch14", size, seed=6, dtype=dtype))}
 
 
 def write_git(root: Path, size: str = "tiny") -> dict:
@@ -208,7 +214,7 @@ def write_git(root: Path, size: str = "tiny") -> dict:
     if size == "tiny":
         with torch.no_grad():  # larger logits so P(yes) differs visibly between questions
             model.output.weight.mul_(20)
-    model.save_pretrained(directory)
+    model.to("cpu").save_pretrained(directory)
     return {"path": str(directory)}
 
 
@@ -236,7 +242,7 @@ def write_grounding_dino(root: Path, size: str = "tiny") -> dict:
     else:  # the library defaults are grounding-dino-tiny: Swin-T, BERT-base, 6+6 layers, 900 queries
         config = GroundingDinoConfig(use_pretrained_backbone=False, use_timm_backbone=False)
     torch.manual_seed(8)
-    GroundingDinoForObjectDetection(config).save_pretrained(directory)
+    GroundingDinoForObjectDetection(config).to("cpu").save_pretrained(directory)
     return {"path": str(directory)}
 
 
@@ -245,8 +251,18 @@ WRITERS = {"hps": write_hps, "image_reward": write_image_reward, "pickscore": wr
            "grounding_dino": write_grounding_dino}
 
 
-def write(name: str, root: str | Path, size: str = "tiny") -> dict:
-    """Write random-init weights for reward `name` under `root`; returns its path options."""
+DTYPED = ("hps", "pickscore", "clipscore", "aesthetic")  # writers that store the weights in a given dtype
+
+
+def write(name: str, root: str | Path, size: str = "tiny", device: str | torch.device = "cpu",
+          dtype: torch.dtype | str | None = None) -> dict:
+    """Write random-init weights for reward `name` under `root`; returns its path options. The model
+    is drawn on `device` (the files hold CPU tensors either way); dtype (hps and the CLIP rewards):
+    the stored weights' dtype (None: float32)."""
     if name not in WRITERS:
         raise KeyError(f"name: got {name!r}, expected one of {', '.join(WRITERS)}")
-    return WRITERS[name](Path(root), size)
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    with torch.device(device):
+        if name in DTYPED:
+            return WRITERS[name](Path(root), size, dtype=dtype)
+        return WRITERS[name](Path(root), size)
