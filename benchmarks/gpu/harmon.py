@@ -17,8 +17,9 @@ recorded transitions; they differ in how the work is organised:
 Reported: milliseconds per rollout and per GRPO step (rollout + update, rewards excluded), the speedup
 of fused over reference, peak CUDA memory, and the S backbone passes of a rollout alone: they are
 the same in both rollouts, so "head" (rollout minus backbone) isolates the work the paths organise
-differently. Timing: median of `repeats` rounds after a warm-up, the paths interleaved in each round
-(margrpo.bench.timing: CUDA events on a GPU); peak memory from the warm-up call of each path.
+differently. Timing: median of `repeats` rounds after a warm-up (both GRPO steps on a short schedule),
+the paths interleaved in each round (margrpo.bench.timing: CUDA events on a GPU); peak memory over
+the timed calls of each path. The JSON is rewritten after the rollouts and after the steps.
 
     python benchmarks/gpu/harmon.py --tiny             # CPU, tiny dims, seconds
     python benchmarks/gpu/harmon.py --out results/     # the real-size run (H200: about a minute)
@@ -61,12 +62,13 @@ class Setting:
     record_mask_steps: int
     record_diffusion_steps: int
     repeats: int
+    warmup_mask_steps: int  # the warm-up GRPO steps' schedule (every kernel runs; shorter than the timed one)
 
 
 FULL = Setting("harmon-1.5b-random", torch.bfloat16, batch=4, mask_steps=64, diffusion_steps=25, num_seeds=5,
-               record_mask_steps=12, record_diffusion_steps=10, repeats=1)
+               record_mask_steps=12, record_diffusion_steps=10, repeats=1, warmup_mask_steps=8)
 TINY = Setting("harmon-tiny", torch.float32, batch=2, mask_steps=4, diffusion_steps=4, num_seeds=2,
-               record_mask_steps=2, record_diffusion_steps=2, repeats=1)
+               record_mask_steps=2, record_diffusion_steps=2, repeats=1, warmup_mask_steps=3)
 
 
 # ---------------------------------------------------------------------- the reference code's way
@@ -183,22 +185,16 @@ def backbone_only(model, prompts: list[str], config: RolloutConfig) -> None:
         start += n
 
 
-def _peak_mb(fn, device: torch.device) -> float | None:
-    """Peak CUDA MB of one call of fn (None on CPU, where fn still runs once)."""
-    if device.type != "cuda":
-        fn()
-        return None
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    fn()
-    torch.cuda.synchronize(device)
-    return torch.cuda.max_memory_allocated(device) / 2**20
+def run(out_dir: str | Path, tiny: bool = False, device: str | torch.device | None = None, **overrides) -> dict:
+    """Time both paths; write `out_dir`/harmon.json (harmon-tiny.json for tiny) after each measured pair
+    of paths and at the end, and return the final dict. overrides: Setting fields (mask_steps,
+    record_mask_steps, warmup_mask_steps, repeats; None keeps the setting's value)."""
+    from margrpo.bench.machine import JsonReport
+    from margrpo.bench.models import with_peak
+    from margrpo.bench.timing import synchronize
 
-
-def run(out_dir: str | Path, tiny: bool = False, device: str | torch.device | None = None) -> dict:
-    """Time both paths; write `out_dir`/harmon.json (harmon-tiny.json for tiny) and return the same dict."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    setting = TINY if tiny else FULL
+    setting = dataclasses.replace(TINY if tiny else FULL, **{k: v for k, v in overrides.items() if v is not None})
     began = time.perf_counter()
     model = harmon.build(setting.preset, device=device, dtype=setting.dtype)
     reference = copy.deepcopy(model).requires_grad_(False)
@@ -206,66 +202,90 @@ def run(out_dir: str | Path, tiny: bool = False, device: str | torch.device | No
     trainable = model.trainable_parameters()
     for p in trainable:
         p.requires_grad_(True)
+    print(f"[harmon] built {setting.preset} ({setting.dtype}) in {time.perf_counter() - began:.1f} s", flush=True)
     # lr 0: the optimizer does all its work but the weights stay put, so the interleaved timed rounds of
     # both paths run on the same model (compounding updates of two paths made the tiny model diverge)
     optimizer = torch.optim.AdamW(trainable, lr=0.0)
     sampler = model.make_sampler(setting.diffusion_steps)
-    config = RolloutConfig(num_mask_steps=setting.mask_steps, schedule="harmon", cfg_scale=3.0, cfg_channels="eps",
-                           num_seeds=setting.num_seeds, record_mask_steps=setting.record_mask_steps,
-                           record_diffusion_steps=setting.record_diffusion_steps)
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(setting.batch)]
     seeds = list(range(setting.batch))
-    counts = mask_schedule(model.num_tokens, setting.mask_steps, "harmon")
-    plan = choose_plan(counts, sampler, setting.record_mask_steps, setting.record_diffusion_steps,
-                       torch.Generator().manual_seed(0))
     advantages = torch.linspace(-1, 1, setting.batch, device=device)
     generator = torch.Generator(device=device).manual_seed(0)
 
-    def fused_rollout():
+    def schedule(mask_steps: int):
+        """(rollout config, plan) of a schedule of `mask_steps` mask steps."""
+        counts = mask_schedule(model.num_tokens, mask_steps, "harmon")
+        record = min(setting.record_mask_steps, len(effective_steps(counts)) - 1)
+        config = RolloutConfig(num_mask_steps=mask_steps, schedule="harmon", cfg_scale=3.0, cfg_channels="eps",
+                               num_seeds=setting.num_seeds, record_mask_steps=record,
+                               record_diffusion_steps=setting.record_diffusion_steps)
+        plan = choose_plan(counts, sampler, record, setting.record_diffusion_steps, torch.Generator().manual_seed(0))
+        return config, plan
+
+    def fused_rollout(config, plan):
         model.eval()
         return generate(model, prompts, config, seeds, sampler=sampler, plan=plan)
 
-    def fused_step():
-        rollout = fused_rollout()
+    def fused_step(config, plan):
+        rollout = fused_rollout(config, plan)
         model.train()
         fused_update(model, reference, optimizer, rollout, advantages)
 
-    def ref_rollout():
+    def ref_rollout(config, plan):
         model.eval()
         return reference_rollout(model, prompts, config, sampler, plan, generator)
 
-    def ref_step():
-        _, kept, chains = ref_rollout()
+    def ref_step(config, plan):
+        _, kept, chains = ref_rollout(config, plan)
         model.train()
         reference_update(model, reference, optimizer, prompts, config, sampler, plan, kept, chains, advantages)
 
+    full, short = schedule(setting.mask_steps), schedule(min(setting.warmup_mask_steps, setting.mask_steps))
+    # warm-up: both GRPO steps on the short schedule (they run every rollout, backbone and update kernel)
+    start = time.perf_counter()
+    fused_step(*short)
+    ref_step(*short)
+    synchronize(device)
     model.eval()
-    paths = {"backbone": lambda: backbone_only(model, prompts, config), "fused_rollout": fused_rollout,
-             "ref_rollout": ref_rollout, "fused_step": fused_step, "ref_step": ref_step}
-    # the warm-up call of each path measures its peak memory; then interleaved timed rounds
-    peaks = {name: _peak_mb(fn, device) for name, fn in paths.items()}
-    ms = median_ms(paths, device, setting.repeats, warmup=0)
-    backbone_ms, fused_rollout_ms, ref_rollout_ms, fused_step_ms, ref_step_ms = ms.values()
-    fused_rollout_mb, ref_rollout_mb, fused_step_mb, ref_step_mb = (
-        peaks[name] for name in ("fused_rollout", "ref_rollout", "fused_step", "ref_step"))
-    result = {
-        "benchmark": "harmon", "setting": {k: str(v) if isinstance(v, torch.dtype) else v
-                                           for k, v in dataclasses.asdict(setting).items()},
-        "machine": machine_description(device),
-        "backbone_ms": backbone_ms,
-        "fused_rollout_ms": fused_rollout_ms, "reference_rollout_ms": ref_rollout_ms,
-        "fused_step_ms": fused_step_ms, "reference_step_ms": ref_step_ms,
-        "rollout_speedup": ref_rollout_ms / fused_rollout_ms,
-        # the head's share of a rollout: what the two rollouts do differently
-        "head_speedup": (ref_rollout_ms - backbone_ms) / max(fused_rollout_ms - backbone_ms, 1e-9),
-        "step_speedup": ref_step_ms / fused_step_ms,
-        "fused_rollout_peak_mb": fused_rollout_mb, "reference_rollout_peak_mb": ref_rollout_mb,
-        "fused_step_peak_mb": fused_step_mb, "reference_step_peak_mb": ref_step_mb,
-        "wall_s": time.perf_counter() - began,
-    }
+    print(f"[harmon] warm-up {time.perf_counter() - start:.1f} s", flush=True)
+
+    name = "harmon-tiny.json" if tiny else "harmon.json"
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / ("harmon-tiny.json" if tiny else "harmon.json")).write_text(json.dumps(result, indent=1) + "\n")
+    setting_json = {k: str(v) if isinstance(v, torch.dtype) else v for k, v in dataclasses.asdict(setting).items()}
+    report = JsonReport(str(out / name), device, benchmark="harmon", setting=setting_json)
+    ms: dict[str, float] = {}
+    peaks: dict[str, float] = {}
+    # interleaved timed rounds, the rollouts (with the S backbone passes alone) then the GRPO steps
+    for what, paths in (("rollout", {"backbone": lambda: backbone_only(model, prompts, full[0]),
+                                     "fused_rollout": lambda: fused_rollout(*full), "ref_rollout": lambda: ref_rollout(*full)}),
+                        ("step", {"fused_step": lambda: fused_step(*full), "ref_step": lambda: ref_step(*full)})):
+        timed = median_ms({k: with_peak(fn, device, peaks, k) for k, fn in paths.items()}, device, setting.repeats, warmup=0)
+        model.eval()
+        ms.update(timed)
+        for key, value in timed.items():
+            path = key.split("_")[0]
+            row = {"what": what, "path": {"ref": "reference"}.get(path, path), "images": setting.batch, "ms": value,
+                   "images_per_s": setting.batch / (value / 1e3), "peak_mb": peaks[key] * 1024 if device.type == "cuda" else None}
+            print(f"[harmon] {what:<8} {row['path']:<10} {value:10.1f} ms", flush=True)
+            report.add(row)
+    mb = {k: (peaks[k] * 1024 if device.type == "cuda" else None) for k in peaks}
+    result = {
+        "benchmark": "harmon", "setting": setting_json,
+        "machine": machine_description(device),
+        "backbone_ms": ms["backbone"],
+        "fused_rollout_ms": ms["fused_rollout"], "reference_rollout_ms": ms["ref_rollout"],
+        "fused_step_ms": ms["fused_step"], "reference_step_ms": ms["ref_step"],
+        "rollout_speedup": ms["ref_rollout"] / ms["fused_rollout"],
+        # the head's share of a rollout: what the two rollouts do differently
+        "head_speedup": (ms["ref_rollout"] - ms["backbone"]) / max(ms["fused_rollout"] - ms["backbone"], 1e-9),
+        "step_speedup": ms["ref_step"] / ms["fused_step"],
+        "fused_rollout_peak_mb": mb["fused_rollout"], "reference_rollout_peak_mb": mb["ref_rollout"],
+        "fused_step_peak_mb": mb["fused_step"], "reference_step_peak_mb": mb["ref_step"],
+        "wall_s": time.perf_counter() - began,
+        "rows": report.rows,
+    }
+    (out / name).write_text(json.dumps(result, indent=1) + "\n")
     return result
 
 
@@ -289,10 +309,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true", help="tiny dims on the CPU (a smoke run)")
     parser.add_argument("--out", default="benchmarks/results", help="directory for harmon.json / harmon-tiny.json")
     parser.add_argument("--device", default=None)
+    parser.add_argument("--mask-steps", type=int, help="mask steps S of the timed rollouts and steps (default: 64)")
+    parser.add_argument("--record-mask-steps", type=int, help="recorded (trained) mask steps (default: 12)")
+    parser.add_argument("--warmup-mask-steps", type=int, help="mask steps of the warm-up steps (default: 8)")
+    parser.add_argument("--repeats", type=int, help="interleaved timed rounds per path (default: 1)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"),
+                        help="model dtype (default: bfloat16, float32 with --tiny; --tiny --dtype bfloat16 rehearses the GPU's)")
     args = parser.parse_args(argv)
     if args.tiny:
         torch.set_num_threads(1)  # tiny ops: more threads only spin on a shared CPU
-    print(format_table(run(args.out, tiny=args.tiny, device=args.device)))
+    print(format_table(run(args.out, tiny=args.tiny, device=args.device, mask_steps=args.mask_steps,
+                           record_mask_steps=args.record_mask_steps, warmup_mask_steps=args.warmup_mask_steps,
+                           repeats=args.repeats, dtype=getattr(torch, args.dtype) if args.dtype else None)))
     return 0
 
 

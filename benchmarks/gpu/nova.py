@@ -55,12 +55,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--record-mask-steps", type=int, help="recorded (trained) mask steps (default: 12)")
     parser.add_argument("--warmup-mask-steps", type=int, help="mask steps of the warm-up calls (default: 8)")
     parser.add_argument("--repeats", type=int, help="interleaved timed rounds per path (default: 1)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"),
+                        help="model dtype (default: bfloat16, float32 with --tiny; --tiny --dtype bfloat16 rehearses the GPU's)")
+    parser.add_argument("--autocast", action="store_true", help="the GRPO step under bf16 autocast on CPU too (as on CUDA)")
     args = parser.parse_args(argv)
     if args.tiny:
         torch.set_num_threads(1)
     print(format_table(run(args.out, tiny=args.tiny, mask_steps=args.mask_steps,
                            record_mask_steps=args.record_mask_steps, warmup_mask_steps=args.warmup_mask_steps,
-                           repeats=args.repeats)))
+                           repeats=args.repeats, dtype=args.dtype,
+                           bf16=True if args.autocast else None)))
     return 0
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -32,6 +33,8 @@ from margrpo.bench.timing import median_ms
 from margrpo.diffusion import DDPMSampler, mar_sampler
 from margrpo.heads import Guidance, mar_head, multi_seed_denoise, nova_head
 from margrpo.heads.reference import eager_multi_seed_denoise
+
+_STARTED = time.perf_counter()  # progress lines say when (the GPU script's limits)
 
 
 @dataclass(frozen=True)
@@ -176,8 +179,13 @@ def main(argv: list[str] | None = None) -> int:
     repeats = args.repeats or (10 if gpu else 1)
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if gpu else torch.float32)
     report = JsonReport(args.json, device, dtype=str(dtype))
+
+    def on_row(row: Row) -> None:
+        report.add(asdict(row))
+        print(f"[denoise] {row.case} {row.method}: {row.ms:.2f} ms at {time.perf_counter() - _STARTED:.0f} s", flush=True)
+
     rows = run(split_choices(args.cases, tuple(CASES), "cases"), split_choices(args.methods, METHODS, "methods"),
-               device, tokens, steps, repeats, dtype, on_row=lambda row: report.add(asdict(row)))
+               device, tokens, steps, repeats, dtype, on_row=on_row)
     print(format_table(rows))
     return 0
 

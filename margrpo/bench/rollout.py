@@ -15,8 +15,9 @@ Models:
                channels; Harmon mar_h K=5 CFG 3 on eps) behind a stand-in backbone of one linear layer:
                the transformer costs the same S forward passes in every path, so it is left out and
                the table isolates the work the paths do differently.
-Time: median of `repeats` rounds after one warm-up, the paths interleaved in each round
-(margrpo.bench.timing; perf_counter on CPU, CUDA events on CUDA).
+Time: median of `repeats` rounds after one warm-up (a whole rollout, or a short one of
+--warmup-mask-steps), the paths interleaved in each round (margrpo.bench.timing; perf_counter on CPU,
+CUDA events on CUDA).
 The reference path does about S times the head work of the others: the defaults on CUDA (B=2,
 N=1024, S=64, T=25, one timed run) take an estimated 1-2 minutes in all on an H200, mostly the
 Harmon reference; shorten with --paths or --mask-steps.
@@ -27,7 +28,9 @@ Harmon reference; shorten with --paths or --mask-steps.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
+import time
 import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -45,6 +48,8 @@ from margrpo.rollout.guidance import forward_rows, guidance_for, head_condition,
 
 MODELS = ("tiny", "nova", "harmon")
 PATHS = ("fused", "per-seed", "reference")
+
+_STARTED = time.perf_counter()  # progress lines say when (the GPU script's limits)
 
 
 class StandInBackbone(nn.Module):
@@ -151,11 +156,13 @@ def per_seed_rollout(backbone, prompts: list[str], config: RolloutConfig, sample
     return backbone.decode(canvas)
 
 
-def path_functions(setup: Setup, batch: int, device: torch.device) -> dict[str, Callable[[], object]]:
+def path_functions(setup: Setup, batch: int, device: torch.device,
+                   config: RolloutConfig | None = None) -> dict[str, Callable[[], object]]:
+    """path -> a zero-argument rollout of `batch` images (config: setup.config unless given)."""
     prompts = [setup.prompts[i % len(setup.prompts)] for i in range(batch)]
     seeds = group_seeds(0, 0, list(range(batch)), 1)
     generator = torch.Generator(device=device).manual_seed(0)
-    b, c, s = setup.backbone, setup.config, setup.sampler
+    b, c, s = setup.backbone, config or setup.config, setup.sampler
     return {
         "fused": lambda: generate(b, prompts, c, seeds, sampler=s).images,
         "per-seed": lambda: per_seed_rollout(b, prompts, c, s, all_tokens=False, generator=generator),
@@ -180,13 +187,24 @@ class Row:
 
 def run(models: tuple[str, ...], paths: tuple[str, ...], device: torch.device, dtype: torch.dtype, batch: int,
         tokens: int, mask_steps: int, diffusion_steps: int, repeats: int,
-        on_row: Callable[[Row], None] | None = None) -> list[Row]:
-    """Time the paths of every model; on_row(row) is called as each row is measured."""
+        on_row: Callable[[Row], None] | None = None, warmup_mask_steps: int | None = None) -> list[Row]:
+    """Time the paths of every model; on_row(row) is called as each row is measured. The warm-up
+    call of each path is a whole rollout, or one of warmup_mask_steps mask steps when given (every
+    kernel runs in a few steps: the eager reference paths cost seconds per extra call on a GPU)."""
     rows = []
     for model in models:
         setup = make_setup(model, device, dtype, tokens, mask_steps, diffusion_steps)
-        fns = path_functions(setup, batch, device)
-        timed = median_ms({path: fns[path] for path in paths}, device, repeats)
+        fns = {path: fn for path, fn in path_functions(setup, batch, device).items() if path in paths}
+        if warmup_mask_steps is None:
+            timed = median_ms(fns, device, repeats)
+        else:
+            steps = max(2, min(warmup_mask_steps, mask_steps))
+            short = dataclasses.replace(setup.config, num_mask_steps=steps,
+                                        record_mask_steps=min(setup.config.record_mask_steps, steps - 1))
+            for path, warm in path_functions(setup, batch, device, short).items():
+                if path in paths:
+                    warm()
+            timed = median_ms(fns, device, repeats, warmup=0)
         for path, ms in timed.items():
             speedup = timed["reference"] / ms if "reference" in timed else None
             rows.append(Row(model, path, batch, setup.backbone.num_tokens, mask_steps, setup.sampler.num_steps,
@@ -216,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mask-steps", type=int, help="S (default: 64 on CUDA, 8 on CPU)")
     parser.add_argument("--diffusion-steps", type=int, help="T (default: 25 on CUDA, 4 on CPU)")
     parser.add_argument("--repeats", type=int, help="timed rollouts after one warm-up (default: 1)")
+    parser.add_argument("--warmup-mask-steps", type=int,
+                        help="mask steps of the warm-up rollout of each path (default: a whole rollout)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="head dtype (default: bf16 on CUDA)")
     parser.add_argument("--json", help="write the rows and the machine description to this file")
     args = parser.parse_args(argv)
@@ -233,8 +253,14 @@ def main(argv: list[str] | None = None) -> int:
         if value < 1 or (name in ("mask-steps", "diffusion-steps") and value < 2):
             raise SystemExit(f"--{name}: got {value}, expected a positive integer (>= 2 for step counts)")
     report = JsonReport(args.json, device, dtype=str(dtype))
+
+    def on_row(row: Row) -> None:
+        report.add(asdict(row))
+        print(f"[rollout] {row.model} {row.path}: {row.ms:.1f} ms ({row.images_per_s:.2f} images/s) "
+              f"at {time.perf_counter() - _STARTED:.0f} s", flush=True)
+
     rows = run(split_choices(models, MODELS, "models"), split_choices(args.paths, PATHS, "paths"), device, dtype, batch,
-               tokens, mask_steps, diffusion_steps, repeats, on_row=lambda row: report.add(asdict(row)))
+               tokens, mask_steps, diffusion_steps, repeats, on_row=on_row, warmup_mask_steps=args.warmup_mask_steps)
     print(format_table(rows))
     return 0
 
