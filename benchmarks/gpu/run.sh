@@ -1,23 +1,36 @@
 #!/usr/bin/env bash
 # The GPU script (H200): install from this source tree, check every kernel on the GPU against its
-# reference, time the ops / the fused denoiser / the rollout / one GRPO step / the rewards against
-# eager PyTorch and torch.compile, and write JSON to OUT_DIR as it goes.
+# reference, time one GRPO step of NOVA and Harmon / the rollout / the fused denoiser / the ops / the
+# rewards against the reference code's way, eager PyTorch and torch.compile, and write JSON to
+# OUT_DIR as it goes.
 #
 #   bash benchmarks/gpu/run.sh OUT_DIR [--smoke] [PHASE ...]
 #
-# Phases, in this order (default: all): setup kernels ops denoise rollout step rewards. Each has its
-# own time limit (LIMIT below, all under 4 minutes); a failed or timed-out phase is logged in
-# OUT_DIR/status.txt and the next one runs; every benchmark rewrites its JSON after each row, so a
-# timeout keeps the rows it finished. On a bare 15-minute GPU machine the run is two commands whose
-# limits add up to under 8 minutes (setup is skipped when the build from the first is still there):
+# Phases run in the order given (default: all, in this order): setup kernels step rollout denoise ops
+# rewards. On a bare 15-minute GPU machine the whole run is ONE command of at most 400 s:
 #
-#   bash benchmarks/gpu/run.sh OUT setup kernels ops denoise       # <= 265 s
-#   bash benchmarks/gpu/run.sh OUT setup rollout step rewards      # <= 210 s with the build kept
+#   timeout -k 5 400 bash benchmarks/gpu/run.sh OUT setup kernels step rollout denoise ops rewards
 #
-# --smoke runs every phase on the CPU at tiny sizes (Triton interpreted), through the same commands,
-# with the limits scaled by SMOKE_SCALE (default 4): a rehearsal of the script itself. Wheels the GPU
-# machine lacks (diffusers, open-clip-torch and their dependency closure) travel in .gpu-wheels/
-# (benchmarks/gpu/fetch_wheels.sh; the device tool's carry).
+# Time: the phases' LIMITs (below) add up to BUDGET = 390 s. A phase may use its own limit plus what
+# the phases before it left unused, never the limits of the phases after it, so the run ends within
+# BUDGET (+5 s per kill) whatever happens. Expected on an H200 (16 cores, fresh machine; ~310 s):
+#   setup    85 s limit, ~63 s  offline wheels + CUDA build (skipped when the build is there)
+#   kernels  65 s limit, ~45 s  every kernel test file, all failures listed (OUT/kernels_failures.txt)
+#   step     95 s limit, ~70 s  one GRPO step fused vs reference, NOVA-0.6B (45 s) then Harmon-1.5B
+#                               (the rest), real backbones at 16 mask steps, 3 of them trained
+#   rollout  40 s limit, ~30 s  Harmon and NOVA heads, fused / per-seed / reference, 8 mask steps
+#   denoise  40 s limit, ~37 s  Harmon mar_h then NOVA d3w1280 heads: fused, eager, torch.compile
+#   ops      35 s limit, ~33 s  every op on every backend, eager and torch.compile
+#   rewards  30 s limit, ~25 s  hps, jpeg, aesthetic, pickscore at full size in bf16 (random weights
+#                               drawn on the GPU)
+# A failed or timed-out phase is logged in OUT_DIR/status.txt and the next one runs; every benchmark
+# rewrites its JSON after each row, so a timeout keeps the rows it finished. The warm-up calls (short
+# schedules) are excluded from every timing; compared methods run interleaved.
+#
+# --smoke runs every phase on the CPU at tiny sizes (Triton interpreted, the GPU's bf16 dtypes where
+# the CPU has them), through the same commands, with the limits scaled by SMOKE_SCALE (default 8): a
+# rehearsal of the script itself. Wheels the GPU machine lacks (diffusers, open-clip-torch and their
+# dependency closure) travel in .gpu-wheels/ (benchmarks/gpu/fetch_wheels.sh; the device tool's carry).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:?usage: run.sh OUT_DIR [--smoke] [PHASE ...]}
@@ -27,19 +40,72 @@ if [ "${1:-}" = "--smoke" ]; then
   SMOKE=1
   shift
 fi
-ALL=(setup kernels ops denoise rollout step rewards)
+ALL=(setup kernels step rollout denoise ops rewards)
 PHASES=("$@")
 [ ${#PHASES[@]} -eq 0 ] && PHASES=("${ALL[@]}")
-declare -A LIMIT=([setup]=100 [kernels]=75 [ops]=60 [denoise]=30 [rollout]=50 [step]=120 [rewards]=30)
+declare -A LIMIT=([setup]=85 [kernels]=65 [step]=95 [rollout]=40 [denoise]=40 [ops]=35 [rewards]=30)
+NOVA_SHARE=45  # seconds of LIMIT[step] for step_nova; step_harmon gets the rest
 for phase in "${PHASES[@]}"; do
   [ -n "${LIMIT[$phase]:-}" ] || { echo "run.sh: unknown phase '$phase', expected some of: ${ALL[*]}" >&2; exit 2; }
 done
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 STATUS="$OUT/status.txt"
+# -P: no current directory on sys.path, where the repository's kernels/ would shadow the `kernels`
+# package that transformers probes for
+PY="python -P"
+
+SCALE=1
+if [ $SMOKE = 1 ]; then
+  SCALE=${SMOKE_SCALE:-8}  # a (shared) CPU runs the kernel tests far slower than the GPU the limits are for
+  DEV=cpu
+  export TRITON_INTERPRET=1 MARGRPO_TEST_THREADS=1
+  OPS=(--shapes nova --min-time 0.02 --no-compile)
+  DENOISE=(--cases harmon-mar_h,nova-d3w1280 --tokens 8 --steps 2 --repeats 1 --methods fused,eager --dtype bfloat16)
+  ROLLOUT=(--models harmon,nova,tiny --batch 1 --tokens 16 --mask-steps 3 --diffusion-steps 2 --repeats 1
+           --warmup-mask-steps 2 --dtype bfloat16)
+  NOVA=(--tiny --dtype bfloat16 --autocast)
+  HARMON=(--tiny --dtype bfloat16)
+  REWARDS=(--device cpu --size tiny --dtype bfloat16 --batch 2 --image-size 64 --repeats 1
+           --rewards hps,jpeg_compressibility,aesthetic,pickscore)
+else
+  DEV=cuda
+  OPS=(--shapes nova,steps-x16 --min-time 0.05)
+  DENOISE=(--cases harmon-mar_h,nova-d3w1280 --repeats 3)
+  ROLLOUT=(--models harmon,nova --mask-steps 8 --warmup-mask-steps 2 --repeats 1)
+  NOVA=(--mask-steps 16 --record-mask-steps 3 --warmup-mask-steps 4)
+  HARMON=(--mask-steps 16 --record-mask-steps 3 --warmup-mask-steps 4)
+  REWARDS=(--device cuda --size full --dtype bfloat16 --rewards hps,jpeg_compressibility,aesthetic,pickscore)
+fi
+
+# the run as units (step = step_nova + step_harmon), each with its own limit in seconds
+UNITS=()
+declare -A ULIMIT=()
+for phase in "${PHASES[@]}"; do
+  if [ "$phase" = step ]; then
+    UNITS+=(step_nova step_harmon)
+    ULIMIT[step_nova]=$NOVA_SHARE
+    ULIMIT[step_harmon]=$((LIMIT[step] - NOVA_SHARE))
+  else
+    UNITS+=("$phase")
+    ULIMIT[$phase]=${LIMIT[$phase]}
+  fi
+done
+BUDGET=0
+for unit in "${UNITS[@]}"; do BUDGET=$((BUDGET + ULIMIT[$unit] * SCALE)); done
+STARTED=$SECONDS
+echo "run.sh: ${UNITS[*]} within $BUDGET s (started $(date -u +%H:%M:%S) UTC)" | tee -a "$STATUS"
+
+limit_for() {  # limit_for INDEX: the unit's own limit plus what earlier units left, never a later unit's
+  local later=0 i
+  for ((i = $1 + 1; i < ${#UNITS[@]}; i++)); do later=$((later + ULIMIT[${UNITS[$i]}] * SCALE)); done
+  local left=$((BUDGET - (SECONDS - STARTED) - later))
+  [ $left -lt 10 ] && left=10
+  echo $left
+}
 
 run_limited() {  # run_limited NAME SECONDS CMD...: time-limited, logged; a failure does not stop the run
-  local name=$1 limit=$(($2 * SCALE))
+  local name=$1 limit=$2
   shift 2
   local start=$SECONDS
   timeout --kill-after=5 "$limit" "$@" >>"$OUT/$name.log" 2>&1
@@ -48,27 +114,8 @@ run_limited() {  # run_limited NAME SECONDS CMD...: time-limited, logged; a fail
   tail -n 15 "$OUT/$name.log"
 }
 
-SCALE=1
-if [ $SMOKE = 1 ]; then
-  SCALE=${SMOKE_SCALE:-4}  # a CPU runs the kernel tests far slower than the GPU the limits are for
-  DEV=cpu
-  export TRITON_INTERPRET=1 MARGRPO_TEST_THREADS=1
-  OPS=(--shapes nova --min-time 0.02 --no-compile)
-  DENOISE=(--cases nova-d3w1280 --tokens 8 --steps 2 --repeats 1 --methods fused,eager)
-  ROLLOUT=(--models tiny,nova --batch 1 --tokens 16 --mask-steps 3 --diffusion-steps 2 --repeats 1)
-  TINY=(--tiny)
-  REWARDS=(--device cpu --size tiny --batch 2 --image-size 64 --repeats 1 --rewards jpeg_compressibility)
-else
-  DEV=cuda
-  OPS=(--shapes nova,steps-x16 --min-time 0.05)
-  DENOISE=(--repeats 3)
-  ROLLOUT=(--mask-steps 16 --repeats 1)
-  TINY=()
-  REWARDS=(--device cuda --size full --dtype bfloat16 --rewards hps,pickscore,aesthetic,jpeg_compressibility)
-fi
-
 setup() {
-  if python -c "import torch, margrpo.kernels, margrpo._C" 2>/dev/null; then
+  if $PY -c "import torch, margrpo.kernels, margrpo._C" 2>/dev/null; then
     echo "margrpo and its extension import: nothing to build"
   elif [ $SMOKE = 1 ]; then
     echo "smoke: margrpo must already be installed here (scripts/setup.sh)" >&2
@@ -81,7 +128,7 @@ setup() {
     MAX_JOBS=16 python -m pip install --no-deps --no-build-isolation -e . || return 1
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/gpu.txt" 2>&1
   fi
-  python - <<'PY'
+  $PY - <<'PY'
 import torch, margrpo.ops as ops
 print("torch", torch.__version__, "cuda", torch.version.cuda,
       "device", torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu")
@@ -89,30 +136,40 @@ print("backends", ops.available_backends())
 PY
 }
 
-kernels() {  # every backend that runs here against the float64 references
-  python -m pytest -q -x -m "not slow" -p no:cacheprovider \
-    tests/test_ops_gaussian_logprob.py tests/test_ops_trajectory_std.py tests/test_ops_topk.py \
-    tests/test_ops_consistency.py tests/test_ops_grpo_surrogate.py tests/test_triton_kernels.py tests/test_extension.py \
-    tests/test_heads.py tests/test_host_syncs.py
+kernels() {  # every backend that runs here against the float64 references; every failure reported
+  # -v names each test as it finishes (a timeout still shows which failed and where it stopped);
+  # the summary (-rfE) lists every failure with its message, up to 30
+  $PY -m pytest -v -m "not slow" -p no:cacheprovider --maxfail=30 -rfE --tb=short --durations=10 \
+    tests/test_extension.py tests/test_ops_gaussian_logprob.py tests/test_ops_trajectory_std.py tests/test_ops_topk.py \
+    tests/test_ops_consistency.py tests/test_ops_grpo_surrogate.py tests/test_triton_kernels.py tests/test_heads.py \
+    tests/test_host_syncs.py
 }
 
-step_phase() {  # one GRPO step, NOVA then Harmon, each within half the phase's limit
-  local half=$((LIMIT[step] / 2))  # run_limited applies SCALE
-  run_limited step_nova "$half" python benchmarks/gpu/nova.py --out "$OUT" "${TINY[@]}"
-  run_limited step_harmon "$half" python benchmarks/gpu/harmon.py --out "$OUT" "${TINY[@]}"
+kernel_failures() {  # OUT/kernels_failures.txt: the summary's FAILED/ERROR lines (else the -v lines)
+  local log="$OUT/kernels.log" list="$OUT/kernels_failures.txt"
+  grep -E "^(FAILED|ERROR) " "$log" >"$list" 2>/dev/null || grep -E " (FAILED|ERROR)( |$)" "$log" >"$list" 2>/dev/null
+  grep -E "^=+ .*(passed|failed|error).* =+$" "$log" | tail -n 1
+  echo "kernels: $(wc -l <"$list") failed tests listed in $list"
+  head -n 40 "$list"
 }
 
-for phase in "${PHASES[@]}"; do
-  case $phase in
-    setup) export -f setup; export OUT SMOKE; run_limited setup "${LIMIT[setup]}" bash -c setup ;;
-    kernels) export -f kernels; run_limited kernels "${LIMIT[kernels]}" bash -c kernels ;;
-    ops) run_limited ops "${LIMIT[ops]}" python -m margrpo.bench.ops --device "$DEV" "${OPS[@]}" --json "$OUT/ops.json" ;;
-    denoise) run_limited denoise "${LIMIT[denoise]}" python -m margrpo.bench.denoise --device "$DEV" "${DENOISE[@]}" \
+export -f setup kernels
+export OUT SMOKE PY
+for i in "${!UNITS[@]}"; do
+  unit=${UNITS[$i]}
+  limit=$(limit_for "$i")
+  case $unit in
+    setup) run_limited setup "$limit" bash -c setup ;;
+    kernels) run_limited kernels "$limit" bash -c kernels; kernel_failures ;;
+    step_nova) run_limited step_nova "$limit" $PY benchmarks/gpu/nova.py --out "$OUT" "${NOVA[@]}" ;;
+    step_harmon) run_limited step_harmon "$limit" $PY benchmarks/gpu/harmon.py --out "$OUT" "${HARMON[@]}" ;;
+    ops) run_limited ops "$limit" $PY -m margrpo.bench.ops --device "$DEV" "${OPS[@]}" --json "$OUT/ops.json" ;;
+    denoise) run_limited denoise "$limit" $PY -m margrpo.bench.denoise --device "$DEV" "${DENOISE[@]}" \
       --json "$OUT/denoise.json" ;;
-    rollout) run_limited rollout "${LIMIT[rollout]}" python -m margrpo.bench.rollout --device "$DEV" "${ROLLOUT[@]}" \
+    rollout) run_limited rollout "$limit" $PY -m margrpo.bench.rollout --device "$DEV" "${ROLLOUT[@]}" \
       --json "$OUT/rollout.json" ;;
-    step) step_phase ;;
-    rewards) run_limited rewards "${LIMIT[rewards]}" python -m margrpo.bench.rewards "${REWARDS[@]}" --json "$OUT/rewards.json" ;;
+    rewards) run_limited rewards "$limit" $PY -m margrpo.bench.rewards "${REWARDS[@]}" --json "$OUT/rewards.json" ;;
   esac
 done
-python benchmarks/gpu/summarize.py "$OUT" | tee "$OUT/summary.md"
+echo "run.sh: done in $((SECONDS - STARTED)) s of $BUDGET" | tee -a "$STATUS"
+$PY benchmarks/gpu/summarize.py "$OUT" | tee "$OUT/summary.md"

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -26,6 +27,13 @@ def summarize(out: Path) -> str:
     status = out / "status.txt"
     if status.exists():
         parts.append("## steps\n```\n" + status.read_text().strip() + "\n```")
+    failures, log = out / "kernels_failures.txt", out / "kernels.log"
+    if log.exists():
+        totals = [line for line in log.read_text(errors="replace").splitlines()
+                  if re.search(r"\d+ (passed|failed|errors?)\b.* in [\d.]+s", line)]
+        listed = failures.read_text(errors="replace").splitlines() if failures.exists() else []
+        parts.append("## kernels\n```\n" + "\n".join((totals[-1:] or ["(no pytest summary: cut short?)"]) + listed[:60])
+                     + (f"\n... {len(listed) - 60} more in {failures.name}" if len(listed) > 60 else "") + "\n```")
     for path in sorted(out.glob("*.json")):
         try:
             data = json.loads(path.read_text())
@@ -35,7 +43,10 @@ def summarize(out: Path) -> str:
         rows = data.get("rows") if isinstance(data, dict) else None
         if rows:
             machine = data.get("machine", "")
-            parts.append(f"## {path.stem}\n{_cell(machine) if not isinstance(machine, dict) else json.dumps(machine)}\n\n{table(rows)}")
+            headline = {k: v for k, v in data.items() if "speedup" in k or k == "meets_target"}
+            extra = f"\n\n{json.dumps(headline)}" if headline else ""
+            parts.append(f"## {path.stem}\n{_cell(machine) if not isinstance(machine, dict) else json.dumps(machine)}"
+                         f"\n\n{table(rows)}{extra}")
     return "\n\n".join(parts)
 
 
