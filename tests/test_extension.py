@@ -288,27 +288,27 @@ def test_cpu_log_and_exp_are_accurate_over_their_whole_range(gen):
     torch.testing.assert_close(grad, ref.grpo_surrogate_fwd(*args)[2], rtol=1e-6, atol=0)
 
 
-def test_errors_name_the_argument():
-    x = torch.zeros(4, 16)
-    with pytest.raises(RuntimeError, match=r"gaussian_logprob_fwd: mean must have the shape of x \[4, 16\]"):
-        K.gaussian_logprob_fwd(x, torch.zeros(4, 15), torch.ones(4, 1), 1)
-    with pytest.raises(RuntimeError, match=r"std must be \[R, 1\] or \[R, C\]"):
-        K.gaussian_logprob_fwd(x, x, torch.ones(4, 3), 1)
-    with pytest.raises(RuntimeError, match="reduce must be 0 .none., 1 .sum. or 2 .mean., got 7"):
-        K.gaussian_logprob_fwd(x, x, torch.ones(4, 1), 7)
-    with pytest.raises(RuntimeError, match="x must be a floating tensor"):
-        K.gaussian_logprob_fwd(x.long(), x, torch.ones(4, 1), 1)
-    with pytest.raises(RuntimeError, match="K >= 2 trajectories"):
-        K.trajectory_std_fwd(torch.zeros(1, 4, 16))
-    with pytest.raises(RuntimeError, match=r"k must be in \[0, N\] = \[0, 16\]"):
-        K.topk_mask_fwd(x, 17)
-    with pytest.raises(RuntimeError, match="final must have the shape of cur"):
-        K.consistency_mask_fwd(x, x, torch.zeros(4, 8), 0.0)
-    z = torch.zeros(2, 4, 16)
-    with pytest.raises(RuntimeError, match="mte_mask must be a bool tensor"):
-        K.grpo_surrogate_fwd(z, z, torch.zeros(4), torch.zeros(4, 16), torch.zeros(4, 16), 0.2, 0.2)
-    with pytest.raises(RuntimeError, match=r"advantages must be \[B\] = \[4\]"):
-        K.grpo_surrogate_fwd(z, z, torch.zeros(3), torch.zeros(4, 16), torch.zeros(4, 16, dtype=torch.bool), 0.2, 0.2)
+_X, _Z3 = torch.zeros(4, 16), torch.zeros(2, 4, 16)
+ERROR_CASES = [  # (kernel, args, message): one test each, so a crash in an error path names its call
+    ("gaussian_logprob_fwd", (_X, torch.zeros(4, 15), torch.ones(4, 1), 1),
+     r"gaussian_logprob_fwd: mean must have the shape of x \[4, 16\]"),
+    ("gaussian_logprob_fwd", (_X, _X, torch.ones(4, 3), 1), r"std must be \[R, 1\] or \[R, C\]"),
+    ("gaussian_logprob_fwd", (_X, _X, torch.ones(4, 1), 7), "reduce must be 0 .none., 1 .sum. or 2 .mean., got 7"),
+    ("gaussian_logprob_fwd", (_X.long(), _X, torch.ones(4, 1), 1), "x must be a floating tensor"),
+    ("trajectory_std_fwd", (torch.zeros(1, 4, 16),), "K >= 2 trajectories"),
+    ("topk_mask_fwd", (_X, 17), r"k must be in \[0, N\] = \[0, 16\]"),
+    ("consistency_mask_fwd", (_X, _X, torch.zeros(4, 8), 0.0), "final must have the shape of cur"),
+    ("grpo_surrogate_fwd", (_Z3, _Z3, torch.zeros(4), torch.zeros(4, 16), torch.zeros(4, 16), 0.2, 0.2),
+     "mte_mask must be a bool tensor"),
+    ("grpo_surrogate_fwd", (_Z3, _Z3, torch.zeros(3), torch.zeros(4, 16), torch.zeros(4, 16, dtype=torch.bool), 0.2, 0.2),
+     r"advantages must be \[B\] = \[4\]"),
+]
+
+
+@pytest.mark.parametrize("kernel, args, match", ERROR_CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(ERROR_CASES)])
+def test_errors_name_the_argument(kernel, args, match):
+    with pytest.raises(RuntimeError, match=match):
+        getattr(K, kernel)(*args)
 
 
 # ----------------------------------------------------------------------------------- CUDA kernels

@@ -1,8 +1,10 @@
 """The GPU script must be ready even when no GPU is lent: its shell parses, its summary reads the
 benchmarks' JSON layout."""
 import json
+import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,3 +56,30 @@ def test_summary_tables(tmp_path):
     assert "bench_ops rc=0" in out
     assert "| gaussian_logprob | 10x4x1024x16 | triton | 0.0123 | 7.5 |" in out
     assert "broken.json: unreadable" in out
+
+
+def test_kernel_phase_survives_a_crash_and_lists_every_failure(tmp_path):
+    """run.sh's kernels() on a fake suite: a segfaulting test is noted, skipped, and the run goes on
+    from its file; failures from before the crash (no summary) and after it are all listed."""
+    text = (ROOT / "benchmarks" / "gpu" / "run.sh").read_text()
+    functions = "".join(re.findall(r"(?ms)^(kernels\(\) \{.*?^\}\n|kernel_failures\(\) \{.*?^\}\n)", text))
+    (tmp_path / "functions.sh").write_text(functions)
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "test_a.py").write_text("def test_ok():\n    pass\n\n\ndef test_fail():\n    assert 1 == 2\n")
+    (tests / "test_b.py").write_text("import ctypes\n\n\ndef test_crash():\n    ctypes.string_at(0)\n\n\n"
+                                     "def test_after():\n    assert False\n")
+    (tests / "test_c.py").write_text("def test_c():\n    pass\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "OUT": str(out), "PY": f"{sys.executable} -P", "PYTHONUNBUFFERED": "1"}
+    script = ('. ./functions.sh; kernels tests/test_a.py tests/test_b.py tests/test_c.py >>"$OUT/kernels.log" 2>&1;'
+              ' echo "rc=$?"; kernel_failures')
+    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert "rc=1" in done.stdout, done.stdout + done.stderr
+    listed = (out / "kernels_failures.txt").read_text().splitlines()
+    assert listed[0].startswith("CRASHED tests/test_b.py::test_crash (exit ")
+    assert {line.split(" - ")[0] for line in listed[1:]} == {"FAILED tests/test_a.py::test_fail",
+                                                             "FAILED tests/test_b.py::test_after"}
+    assert "test_c.py::test_c PASSED" in (out / "kernels.log").read_text()
