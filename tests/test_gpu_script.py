@@ -68,7 +68,8 @@ def test_kernel_phase_survives_a_crash_and_lists_every_failure(tmp_path):
     tests = tmp_path / "tests"
     tests.mkdir()
     (tests / "test_a.py").write_text("def test_ok():\n    pass\n\n\ndef test_fail():\n    assert 1 == 2\n")
-    (tests / "test_b.py").write_text("import ctypes\n\n\ndef test_crash():\n    ctypes.string_at(0)\n\n\n"
+    (tests / "test_b.py").write_text("import ctypes\nimport pytest\n\n\n@pytest.mark.parametrize('n', [0, 1])\n"
+                                     "def test_crash(n):\n    ctypes.string_at(n)\n\n\n"
                                      "def test_after():\n    assert False\n")
     (tests / "test_c.py").write_text("def test_c():\n    pass\n")
     out = tmp_path / "out"
@@ -79,7 +80,7 @@ def test_kernel_phase_survives_a_crash_and_lists_every_failure(tmp_path):
     done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert "rc=1" in done.stdout, done.stdout + done.stderr
     listed = (out / "kernels_failures.txt").read_text().splitlines()
-    assert listed[0].startswith("CRASHED tests/test_b.py::test_crash (exit ")
+    assert listed[0].startswith("CRASHED tests/test_b.py::test_crash[0] (exit ")  # [1] skipped with it
     assert {line.split(" - ")[0] for line in listed[1:]} == {"FAILED tests/test_a.py::test_fail",
                                                              "FAILED tests/test_b.py::test_after"}
     assert "test_c.py::test_c PASSED" in (out / "kernels.log").read_text()

@@ -146,8 +146,8 @@ KERNEL_TESTS=(tests/test_ops_gaussian_logprob.py tests/test_ops_trajectory_std.p
 kernels() {  # every backend that runs here against the float64 references; every failure reported
   # -v names each test as it starts (a timeout or a crash still shows where it stopped); the summary
   # (-rfE) lists every failure with its message, up to 30. A crash (a signal: the H200 build's
-  # extension segfaulted in one test in run 2) is noted in kernels_crashes.txt, its test deselected,
-  # and the run goes on from that test's file, at most 5 times.
+  # extension segfaulted in one test in run 2) is noted in kernels_crashes.txt, its test function
+  # deselected, and the run goes on from that test's file, at most 5 times.
   local files=("$@") deselect=() crashed=0 rc=0 attempt mark last file i
   local log="$OUT/kernels.log" crashes="$OUT/kernels_crashes.txt"
   : >"$crashes"
@@ -159,9 +159,9 @@ kernels() {  # every backend that runs here against the float64 references; ever
     [ $rc -lt 128 ] && break
     last=$(tail -n "+$((mark + 1))" "$log" | grep -oE "tests/[A-Za-z0-9_./-]+\.py::[^ ]+" | tail -n 1)
     [ -n "$last" ] || break
-    echo "CRASHED $last (exit $rc)" | tee -a "$crashes"
+    echo "CRASHED $last (exit $rc); its test function's other cases skipped" | tee -a "$crashes"
     crashed=1
-    deselect+=(--deselect "$last")
+    deselect+=(--deselect "${last%%[*}")  # every parametrized case: one crash costs one restart
     file=${last%%::*}
     for i in "${!files[@]}"; do
       if [ "${files[$i]}" = "$file" ]; then files=("${files[@]:$i}"); break; fi
