@@ -30,9 +30,10 @@
 # rewrites its JSON after each row, so a timeout keeps the rows it finished. The warm-up calls (short
 # schedules) are excluded from every timing; compared methods run interleaved.
 #
-# --smoke runs every phase on the CPU at tiny sizes (Triton interpreted, the GPU's bf16 dtypes where
-# the CPU has them), through the same commands, with the limits scaled by SMOKE_SCALE (default 8): a
-# rehearsal of the script itself. Wheels the GPU machine lacks (diffusers, open-clip-torch and their
+# --smoke runs every phase on the CPU at tiny sizes (Triton interpreted; the GPU's bf16 for the steps
+# and the rewards, float32 for the real-size heads: bf16 matmuls are slow on CPUs), through the same
+# commands, with the limits scaled by SMOKE_SCALE (default 8): a rehearsal of the script itself
+# (about 8 minutes on 2 cores). Wheels the GPU machine lacks (diffusers, open-clip-torch and their
 # dependency closure) travel in .gpu-wheels/ (benchmarks/gpu/fetch_wheels.sh; the device tool's carry).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -64,9 +65,9 @@ if [ $SMOKE = 1 ]; then
   DEV=cpu
   export TRITON_INTERPRET=1 MARGRPO_TEST_THREADS=1
   OPS=(--shapes nova --min-time 0.02 --no-compile)
-  DENOISE=(--cases harmon-mar_h,nova-d3w1280 --tokens 8 --steps 2 --repeats 1 --methods fused,eager --dtype bfloat16)
+  DENOISE=(--cases harmon-mar_h,nova-d3w1280 --tokens 8 --steps 2 --repeats 1 --methods fused,eager)
   ROLLOUT=(--models harmon,nova,tiny --batch 1 --tokens 16 --mask-steps 3 --diffusion-steps 2 --repeats 1
-           --warmup-mask-steps 2 --dtype bfloat16)
+           --warmup-mask-steps 2)
   NOVA=(--tiny --dtype bfloat16 --autocast)
   HARMON=(--tiny --dtype bfloat16)
   REWARDS=(--device cpu --size tiny --dtype bfloat16 --batch 2 --image-size 64 --repeats 1
