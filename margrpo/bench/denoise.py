@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def on_row(row: Row) -> None:
         report.add(asdict(row))
-        print(f"[denoise] {row.case} {row.method}: {row.ms:.2f} ms at {time.perf_counter() - _STARTED:.0f} s", flush=True)
+        print(f"[denoise] {row.case} {row.method}: {row.ms:.2f} ms at {time.perf_counter() - _STARTED:.0f} s", file=sys.stderr, flush=True)
 
     rows = run(split_choices(args.cases, tuple(CASES), "cases"), split_choices(args.methods, METHODS, "methods"),
                device, tokens, steps, repeats, dtype, on_row=on_row)

@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     def on_row(row: Row) -> None:
         report.add(asdict(row))
         print(f"[rollout] {row.model} {row.path}: {row.ms:.1f} ms ({row.images_per_s:.2f} images/s) "
-              f"at {time.perf_counter() - _STARTED:.0f} s", flush=True)
+              f"at {time.perf_counter() - _STARTED:.0f} s", file=sys.stderr, flush=True)
 
     rows = run(split_choices(models, MODELS, "models"), split_choices(args.paths, PATHS, "paths"), device, dtype, batch,
                tokens, mask_steps, diffusion_steps, repeats, on_row=on_row, warmup_mask_steps=args.warmup_mask_steps)
