@@ -34,6 +34,7 @@ import os
 import platform
 import re
 import resource
+import shlex
 import shutil
 import signal
 import subprocess
@@ -519,7 +520,7 @@ def report(results: list[Result], *, machine: str, total_seconds: float, baselin
         f"run); the mutants' tests took {sum(r.cpu for r in results):.0f} CPU seconds",
         "",
         "Each mutant is one changed line, applied to a temporary copy of the tree and run against the tests",
-        "that cover it (`pytest -x -q -p no:cacheprovider`); the list and the tests of each are in",
+        f"that cover it (`pytest {' '.join(PYTEST_ARGS)}`); the list and the tests of each are in",
         "scripts/mutation_test.py.",
         "",
         "| mutant | file | description | result | caught by | seconds (wall) | CPU s |",
@@ -587,9 +588,9 @@ def main(argv: list[str] | None = None) -> int:
         flag = " (equivalent)" if m.equivalent else ""
         print(f"[{i}/{len(mutants)}] {m.name}: {result.status}{flag}{extra} ({result.seconds:.1f} s, {result.cpu:.1f} s CPU)", flush=True)
     total = time.perf_counter() - started
-    command = "python scripts/mutation_test.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = shlex.join(["python", "scripts/mutation_test.py", *(argv if argv is not None else sys.argv[1:])])
     text = report(results, machine=args.machine or machine_description(), total_seconds=total,
-                  baseline_seconds=baseline_seconds, command=command.strip())
+                  baseline_seconds=baseline_seconds, command=command)
     print("\n" + text)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
