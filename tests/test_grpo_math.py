@@ -75,3 +75,17 @@ def test_kl_dispatch_and_unknown_kind():
                                torch.full((3,), torch.e - 2))
     with pytest.raises(ValueError, match="kl_type"):
         kl.kl_penalty("forward", mean=mean, ref_mean=ref)
+
+
+def test_k3_keeps_its_precision_near_on_policy():
+    """GRPO lives near on-policy, where k3 = e^d - 1 - d ~ d^2 / 2 is tiny: in float32 it must come out
+    to a few digits (expm1(d) - d), not as the cancellation noise of exp(d) - 1 - d (~1e-7 absolute)."""
+    g = torch.Generator().manual_seed(3)
+    logp = (torch.rand(400, generator=g) * 4 - 6).float()  # per-transition log-probs of a few nats
+    d = torch.logspace(-3, -2, 400, dtype=torch.float64) * torch.where(torch.rand(400, generator=g) < 0.5, -1, 1)
+    ref = (logp.double() + d).float()  # both exact float32 values ...
+    exact_d = ref.double() - logp.double()  # ... so their difference is exact
+    expected = torch.expm1(exact_d) - exact_d  # float64
+    got = kl.k3_logp(logp, ref)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), expected, rtol=2e-3, atol=0)

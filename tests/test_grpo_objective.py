@@ -221,3 +221,18 @@ def test_rescored_old_logprobs_make_the_first_update_on_policy(tiny, switches):
     assert result.metrics["ratio_max"] == pytest.approx(1.0, abs=1e-9)
     assert result.metrics["approx_kl"] == pytest.approx(0.0, abs=1e-12)
     assert result.metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-9)  # weights sum to 1 over the batch
+
+
+# ---------------------------------------------------------------- the metrics of several epochs
+def test_metrics_are_means_over_inner_epochs(tiny):
+    """At lr 0 every epoch sees the same loss: the metrics of 3 epochs are those of 1 (on-policy:
+    ratio_mean 1, the token weights summing to 1), and each epoch takes its optimizer step."""
+    model, rollout = tiny
+    advantages = torch.tensor([0.9, -0.4, 0.3, -0.8], dtype=F64)
+    _, one = _gradient(model, rollout, advantages, GRPOConfig(kl_beta=0.0, minibatches=2))
+    _, three = _gradient(model, rollout, advantages, GRPOConfig(kl_beta=0.0, minibatches=2, inner_epochs=3))
+    assert one.metrics["updates"] == 2 and three.metrics["updates"] == 6
+    assert three.metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-9)
+    assert one.metrics["policy"] != 0
+    for key in ("loss", "policy", "kl", "clip_fraction", "approx_kl", "ratio_mean"):
+        assert three.metrics[key] == pytest.approx(one.metrics[key], rel=1e-9, abs=1e-15), key

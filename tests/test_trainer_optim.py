@@ -208,3 +208,33 @@ def test_first_update_is_on_policy_under_every_numerics(tmp_path, numerics):
     assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
     # fp32: recomputation sums in another order; a low-noise step amplifies it by |x - mean| / std^2
     assert metrics["ratio_max"] == pytest.approx(1.0, abs=2e-2)
+
+
+# ---------------------------------------------------------------- the frozen head and the KL reference
+def test_a_frozen_head_gets_no_gradient_and_stays_out_of_the_clip_norm(tmp_path, tiny_checkpoint):
+    """grpo.head: frozen (the default): gradients flow through the head into z, but the head's own
+    parameters get none, so the clipped (and reported) norm is the body's alone."""
+    trainer = make(tmp_path, tiny_checkpoint, "grpo.kl_beta=0.1", "optim.grad_clip=1e9")
+    seen = capture_optimizer_steps(trainer)
+    head = {n: p.detach().clone() for n, p in trainer.policy.named_parameters() if n.startswith("head.")}
+    metrics = trainer.train_step()
+    grads = seen[0]["grads"]
+    assert grads and not [n for n in grads if n.startswith("head.")]
+    body_norm = float(torch.cat([g.flatten() for g in grads.values()]).norm())
+    assert metrics["grad_norm"] == pytest.approx(body_norm, rel=1e-6)
+    for n, p in trainer.policy.named_parameters():
+        if n.startswith("head."):
+            assert torch.equal(p.detach(), head[n]) and p.grad is None
+
+
+def test_the_kl_reference_stays_the_starting_policy(tmp_path, tiny_checkpoint):
+    """The KL of the first step is 0 (the policy is the reference), that of the next one positive
+    (the policy moved, the reference did not), and the reference keeps the checkpoint's weights."""
+    trainer = make(tmp_path, tiny_checkpoint, "grpo.kl_beta=0.1", "optim.lr=1e-2")
+    start = {n: p.detach().clone() for n, p in trainer.policy.named_parameters()}
+    first, second = steps(trainer, 2)
+    assert first["kl"] == pytest.approx(0.0, abs=1e-12)
+    assert second["kl"] > 1e-8
+    assert any(not torch.equal(p.detach(), start[n]) for n, p in trainer.policy.named_parameters())
+    for n, p in trainer.reference.named_parameters():
+        assert torch.equal(p, start[n]), n
