@@ -11,6 +11,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -102,6 +103,23 @@ def test_load_reads_the_layout_back_with_sizes_from_the_configs(tmp_path, tiny_d
     assert (flow.head.depth, flow.head.embed_dim) == (1, 40) and len(flow.transformer.image_encoder.blocks) == 3
     assert isinstance(flow.make_sampler(4), FlowSDESampler)
     assert "video_encoder.mixer.lora.weight" in flow.transformer.state_dict()
+
+
+def test_pipeline_flow_shift_reaches_the_sampler_through_the_config(tmp_path, tiny_dir):
+    """backbone.options.flow_shift is NOVA's pipeline flow_shift (the scheduler's set_shift): the
+    trainer's sampler gets it as FlowSDESampler's flow_shift, not as shift; a DDPM checkpoint refuses it."""
+    from margrpo.models import BackboneConfig, load_backbone
+
+    flow_dir = nova.save_preset("nova-tiny-flow", tmp_path / "flow")
+    shifted = load_backbone(BackboneConfig(name="nova", checkpoint=str(flow_dir), options={"flow_shift": 5.0}))
+    sigmas = shifted.make_sampler(25).sigmas
+    np.testing.assert_allclose(sigmas, FlowSDESampler(25, shift=1.0, flow_shift=5.0).sigmas, rtol=0, atol=0)
+    assert sigmas[-2] == pytest.approx(0.004980, abs=1e-6)  # not shift=5's 0.0244
+    assert nova.load(flow_dir).make_sampler(25).sigmas[-2] != pytest.approx(sigmas[-2])
+    with pytest.raises(ValueError, match="flow_shift.*DDPMScheduler"):
+        nova.load(tiny_dir, flow_shift=5.0)
+    with pytest.raises(ValueError, match="flow_shift"):
+        nova.load(flow_dir, flow_shift=-1.0)
 
 
 def test_text_encoder_weights_load_with_the_upstream_prefix_and_lm_head(tmp_path, tiny_dir, tiny):

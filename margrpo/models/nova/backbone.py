@@ -54,7 +54,7 @@ class NovaBackbone(nn.Module):
     make_sampler, num_tokens, token_channels, head."""
 
     def __init__(self, transformer: NovaTransformer, text_encoder: PhiTextEncoder, vae: LatentDecoder,
-                 scheduler_config: dict, training_extra_frame: bool = False):
+                 scheduler_config: dict, training_extra_frame: bool = False, flow_shift: float | None = None):
         super().__init__()
         config = transformer.config
         if text_encoder.hidden_size != config.text_token_dim:
@@ -68,6 +68,13 @@ class NovaBackbone(nn.Module):
         self.transformer = transformer
         self.frozen = FrozenParts(text_encoder, vae)
         self.scheduler_config = copy.deepcopy(scheduler_config)
+        scheduler_class = scheduler_config.get("_sample_class_name") or scheduler_config.get("_class_name")
+        if flow_shift is not None and scheduler_class != "FlowMatchEulerDiscreteScheduler":
+            raise ValueError(f"flow_shift: got {flow_shift!r}, but the checkpoint's scheduler is {scheduler_class!r}; "
+                             "flow_shift applies to a FlowMatchEulerDiscreteScheduler only (leave it unset)")
+        if flow_shift is not None:  # a bad value fails here, naming the option (FlowSDESampler checks it)
+            from_diffusers_config(scheduler_config, 1, flow_shift=flow_shift)
+        self.flow_shift = flow_shift
         self.training_extra_frame = training_extra_frame
         self.num_tokens, self.token_channels = config.num_tokens, config.token_channels
 
@@ -131,8 +138,11 @@ class NovaBackbone(nn.Module):
         return [p for p in self.transformer.parameters() if id(p) not in head]
 
     def make_sampler(self, num_steps: int | None = None):
-        """The head's sampler from the checkpoint's scheduler_config.json (NOVA samples 25 steps)."""
-        return from_diffusers_config(self.scheduler_config, num_steps or DIFFUSION_STEPS)
+        """The head's sampler from the checkpoint's scheduler_config.json (NOVA samples 25 steps), with
+        NOVA's own semantics (margrpo.diffusion.from_diffusers_config): DDPM never clips x0, and the
+        pipeline's flow_shift (given to the backbone) is the scheduler's set_shift, not its shift."""
+        options = {} if self.flow_shift is None else {"flow_shift": self.flow_shift}
+        return from_diffusers_config(self.scheduler_config, num_steps or DIFFUSION_STEPS, **options)
 
     # ------------------------------------------------------------------ helpers
     def latent_images(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -43,13 +43,15 @@ def load_transformer_weights(transformer: NovaTransformer, state: dict[str, torc
 
 
 def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | str = torch.float32,
-         training_extra_frame: bool = False) -> NovaBackbone:
+         training_extra_frame: bool = False, flow_shift: float | None = None) -> NovaBackbone:
     """The NOVA backbone of an official checkpoint directory (e.g. BAAI/nova-d48w1024-sd512), in eval mode.
 
     path: the pipeline directory (model_index.json, transformer/, vae/, text_encoder/, tokenizer/,
     scheduler/); sizes (encoders, head depth/width, scheduler) come from its configs.
     dtype: of every component (weights are cast on load). training_extra_frame: the reference
-    MAR-GRPO training forward (parity preset), see NovaBackbone.
+    MAR-GRPO training forward (parity preset), see NovaBackbone. flow_shift: NOVA's pipeline
+    `flow_shift` for a flow-matching scheduler (its set_shift; `backbone.options.flow_shift` in a
+    config), see NovaBackbone.make_sampler.
     """
     path, dtype, device = Path(path), as_dtype(dtype), torch.device(device)
     layout.check_layout(path)
@@ -61,7 +63,7 @@ def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtyp
     text_encoder = load_text_encoder(path / "tokenizer", path / "text_encoder", config.text_token_len, device, dtype)
     vae = load_vae(path / "vae", device, dtype)
     scheduler = json.loads((path / "scheduler" / "scheduler_config.json").read_text())
-    backbone = NovaBackbone(transformer.to(dtype), text_encoder, vae, scheduler, training_extra_frame)
+    backbone = NovaBackbone(transformer.to(dtype), text_encoder, vae, scheduler, training_extra_frame, flow_shift)
     return backbone.eval()
 
 
