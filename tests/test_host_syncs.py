@@ -92,3 +92,31 @@ def test_rollout_and_likelihood_do_not_sync_per_step(backbone, modes):
         assert (a.syncs, a.host_to_device) == (b.syncs, b.host_to_device), (
             f"{name}: per-step syncs or host copies: {dict(a.sites)} vs {dict(b.sites)}")
         assert b.launches > a.launches or name == "likelihood"  # the counter did see the longer loop
+
+
+@pytest.mark.parametrize("parity", [False, True], ids=["default", "parity-options"])
+def test_the_loss_and_its_backward_do_not_sync(parity):
+    """margrpo.grpo's loss of a chunk (token weights normalised beforehand, once): no host read in
+    the forward or the backward, with the clipped ratio, MTE, the KL and, for the parity options, the
+    seeds-only MTE split, per-pixel positions and the element mean."""
+    from margrpo import ops
+    from margrpo.grpo.objective import chunk_loss, position_logp
+
+    gen = torch.Generator().manual_seed(0)
+    T, B, L, C, P = 3, 4, 10, 16, (4 if parity else 1)
+    x_prev, std = torch.randn(T, B, L, C, generator=gen), 0.5 + torch.rand(T, B, L, C, generator=gen)
+    mean = (x_prev + 0.1 * torch.randn(T, B, L, C, generator=gen)).requires_grad_()
+    ref_mean = mean.detach() + 0.05 * torch.randn(T, B, L, C, generator=gen)
+    old = position_logp(x_prev, mean.detach() + 0.01, std, P)
+    keep = torch.rand(B, L * P, generator=gen) > 0.3
+    weights, kl_weights = ops.token_weights(keep), ops.token_weights(torch.ones(B, L, dtype=torch.bool))
+    mte = torch.rand(B, L * P, generator=gen) > 0.5
+    with count_ops() as counts:
+        out = chunk_loss(position_logp(x_prev, mean, std, P), old, torch.randn(B, generator=gen), weights,
+                         mte_mask=mte, clip_eps=0.2, clip_eps_high=0.28, kl_beta=0.1,
+                         kl_type="parity_mean_k3" if parity else "gaussian", kl_weights=kl_weights, mean=mean,
+                         ref_mean=ref_mean, std=std, mte_include_rollout=not parity,
+                         channel_reduction="mean" if parity else "sum", pixels_per_token=P)
+        out.loss.backward()
+    assert counts.syncs == 0 and counts.host_to_device == 0, dict(counts.sites)
+    assert counts.launches > 10 and mean.grad.abs().sum() > 0  # the counter saw the loss and its gradient
