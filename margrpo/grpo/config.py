@@ -53,6 +53,8 @@ class GRPOConfig:
     channel_reduction: Literal["sum", "mean"] = "sum"
     kl_beta: float = 0.01
     kl_type: Literal["gaussian", "k3_logp", "parity_mean_k3"] = "gaussian"
+    # every this many steps (skipped ones included) the KL reference becomes a copy of the policy; 0: never
+    ref_refresh_every: int = 0
     head: Literal["frozen", "train", "low_lr"] = "frozen"
     head_lr_scale: float = 0.1  # for head: low_lr
     mte: bool = False  # multi-trajectory expectation on the most uncertain tokens (needs rollout.num_seeds >= 2)

@@ -64,6 +64,10 @@ class RunConfig:
     # data parallelism under torchrun: ddp (replicated weights, gradients all-reduced) or fsdp2
     # (trainable modules sharded with torch.distributed.fsdp.fully_shard); one process: no difference
     parallel: Literal["ddp", "fsdp2"] = "ddp"
+    # an exponential moving average of the trainable weights, updated after every applied update
+    # (ema = decay * ema + (1 - decay) * weights); 0: off. eval_ema: the held-out evaluation uses it
+    ema_decay: float = 0.0
+    eval_ema: bool = False
 
 
 @dataclass
@@ -165,6 +169,10 @@ RULES = (
     Rule("grpo.lora.rank", _at_least(0), "an integer >= 0 (0: LoRA off)"),
     Rule("grpo.lora.rank", lambda v, c: not v or c.grpo.head == "frozen",
          "0 unless grpo.head: frozen (LoRA trains the adapters only; the reference is the base weights)"),
+    Rule("grpo.ref_refresh_every", _at_least(0), "an integer >= 0 (0: never)"),
+    Rule("grpo.ref_refresh_every", lambda v, c: not v or (c.grpo.kl_beta > 0 and not c.grpo.lora.rank),
+         "0 unless grpo.kl_beta > 0 and grpo.lora.rank: 0 (with LoRA the reference is the base weights, "
+         "which a refresh cannot set without merging the adapters)"),
     Rule("grpo.lora.alpha", lambda v, c: v is None or (finite(v) and v > 0), "null (2 * rank) or a finite number > 0"),
     Rule("grpo.lora.dropout", lambda v, c: 0 <= v < 1, "a probability in [0, 1)"),
     Rule("grpo.lora.targets", lambda v, c: _regexes(v), "a list of Python regular expressions"),
@@ -190,6 +198,8 @@ RULES = (
     Rule("run.keep_last", _at_least(0), "an integer >= 0 (0: keep every checkpoint)"),
     Rule("run.max_bad_steps", _at_least(1), "an integer >= 1"),
     Rule("run.log_every", _at_least(1), "an integer >= 1"),
+    Rule("run.ema_decay", lambda v, c: finite(v) and 0 <= v < 1, "a number in [0, 1) (0: no EMA)"),
+    Rule("run.eval_ema", lambda v, c: not v or c.run.ema_decay > 0, "false, or true with run.ema_decay > 0"),
     Rule("run.threads", lambda v, c: v is None or _integer(v, 1, MAX_THREADS),
          f"null (torch's default) or an integer in [1, {MAX_THREADS}]"),
 )

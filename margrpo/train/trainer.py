@@ -1,13 +1,15 @@
 """The MAR-GRPO trainer: rollout -> rewards -> advantages -> token selection -> clipped likelihood-ratio
 updates with a KL to a frozen reference; checkpoint/resume, logging, evaluation, torchrun (DDP or
-FSDP2, margrpo.train.distributed). The reference is a frozen copy of the starting policy, or, when
-only LoRA adapters train (grpo.lora), the policy itself with its adapters disabled.
+FSDP2, margrpo.train.distributed). The reference is a frozen copy of the starting policy (refreshed to
+the current policy every grpo.ref_refresh_every steps), or, when only LoRA adapters train (grpo.lora),
+the policy itself with its adapters disabled. run.ema_decay keeps an EMA of the trainable weights.
 
     margrpo train --config configs/shapes-tiny.yaml [key=value ...]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import math
@@ -54,6 +56,47 @@ class _Snapshot:
         self.optimizer.load_state_dict(self.state)
 
 
+class _EMA:
+    """An exponential moving average of the policy's trainable parameters (run.ema_decay), held as
+    tensors shaped like the parameters (their local shards under FSDP2)."""
+
+    def __init__(self, policy: torch.nn.Module, decay: float) -> None:
+        self.policy = policy
+        self.decay = decay
+        self.params = [p for p in policy.parameters() if p.requires_grad]
+        self.shadow = [p.detach().clone() for p in self.params]
+
+    @torch.no_grad()
+    def update(self) -> None:
+        for param, average in zip(self.params, self.shadow):
+            average.lerp_(param.detach(), 1 - self.decay)  # decay * average + (1 - decay) * param
+
+    @contextlib.contextmanager
+    def swapped_in(self):
+        """The policy holds the EMA weights inside the context, its own again after (exact copies)."""
+        self._swap()
+        try:
+            yield
+        finally:
+            self._swap()
+
+    @torch.no_grad()
+    def _swap(self) -> None:
+        for param, average in zip(self.params, self.shadow):
+            held = param.detach().clone()
+            param.copy_(average)
+            average.copy_(held)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The EMA by parameter name, full tensors on the CPU (a collective under FSDP2, like trainable_state)."""
+        with self.swapped_in():
+            return {n: t.detach().to("cpu", copy=True) for n, t in dist_utils.full_state_dict(self.policy).items()}
+
+    def load_state_dict(self, weights: dict[str, torch.Tensor]) -> None:
+        with self.swapped_in():  # loaded into the policy's place, which the swap back hands to the EMA
+            dist_utils.load_full_state_dict(self.policy, weights)
+
+
 class Trainer:
     def __init__(self, config: TrainerConfig, create_run_dir: bool = True, policy=None):
         """policy: a backbone already in memory (e.g. a random-init benchmark model) instead of the one
@@ -79,6 +122,7 @@ class Trainer:
         self.sharded = run.parallel == "fsdp2" and dist_utils.active()
         if self.sharded:  # after the reference copy (which stays whole) and before the optimizer
             dist_utils.shard_fsdp2(self.policy, self.device)
+        self.ema = _EMA(self.policy, run.ema_decay) if run.ema_decay else None  # after sharding: shaped like the shards
         self.collectives = Collectives(
             all_ranks=dist_utils.all_ranks, clip_grad_norm=dist_utils.clip_grad_norm, mean=dist_utils.mean,
             # FSDP2 reduce-scatters the gradients in backward already
@@ -258,6 +302,24 @@ class Trainer:
         return advantages[mine]
 
     def train_step(self) -> dict[str, float]:
+        """One step (rollout, rewards, update); every grpo.ref_refresh_every steps, skipped ones included,
+        the reference then becomes the policy."""
+        metrics = self._update_step()
+        every = self.config.grpo.ref_refresh_every
+        if every and (self.step + 1) % every == 0:
+            self._refresh_reference()
+        return metrics
+
+    def _refresh_reference(self) -> None:
+        """Copy the trainable weights into the reference (the frozen ones are equal already); under
+        FSDP2 each rank gathers the full tensors, the reference being whole on every rank."""
+        own = dict(self.reference.named_parameters())
+        with torch.no_grad():
+            for name, param in self.policy.named_parameters():
+                if param.requires_grad:
+                    own[name].copy_(param.full_tensor() if hasattr(param, "full_tensor") else param)
+
+    def _update_step(self) -> dict[str, float]:
         step = self.step
         timings = {}
         t0 = time.perf_counter()
@@ -291,6 +353,8 @@ class Trainer:
                 snapshot.restore()
             return self._skip(outcome.skipped, metrics, timings)
         self.scheduler.step()
+        if self.ema is not None:
+            self.ema.update()
         timings["time/train"] = time.perf_counter() - t0
         self.bad_steps = 0
         metrics.update(outcome.metrics)
@@ -333,8 +397,9 @@ class Trainer:
     def evaluate(self, step: int, log: bool = True, grid_name: str | None = None) -> dict[str, float]:
         run = self.config.run
         self.policy.eval()
-        prompts, images = generate_images(self.policy, self.sampler, self.config.rollout, self.eval_prompts,
-                                          run.eval_samples_per_prompt, run.eval_seed)
+        with self.ema.swapped_in() if run.eval_ema else contextlib.nullcontext():
+            prompts, images = generate_images(self.policy, self.sampler, self.config.rollout, self.eval_prompts,
+                                              run.eval_samples_per_prompt, run.eval_seed)
         if "shapes" in self.config.rewards:
             summary = verifier_summary(images, prompts)
         else:
@@ -358,15 +423,24 @@ class Trainer:
         """Write a checkpoint from rank 0 (every rank calls it: under FSDP2 the full state is gathered)."""
         weights = self.trainable_state()
         optimizer = dist_utils.full_optimizer_state(self.policy, self.optimizer)
+        ema = None if self.ema is None else self.ema.state_dict()
         if not self.is_main:
             return None
         state = {
             "step": self.step, "optimizer": optimizer, "scheduler": self.scheduler.state_dict(),
             "rng": ckpt.rng_state(), "tracker": None if self.tracker is None else self.tracker.state_dict(),
-            "bad_steps": self.bad_steps, "skipped_total": self.skipped_total,
+            "bad_steps": self.bad_steps, "skipped_total": self.skipped_total, "ema": ema,
+            "reference": self._refreshed_reference(),
             "config": yaml.safe_dump(to_dict(self.config), sort_keys=False), "world": self.world,  # what a resume must match
         }
         return ckpt.save(self.out_dir / "checkpoints", self.step, weights, state, self.config.run.keep_last)
+
+    def _refreshed_reference(self) -> dict[str, torch.Tensor] | None:
+        """The reference's trainable weights when refreshes may have moved them off the starting policy."""
+        if not self.config.grpo.ref_refresh_every:
+            return None
+        trainable = {n for n, p in self.policy.named_parameters() if p.requires_grad}
+        return {n: p.detach().to("cpu", copy=True) for n, p in self.reference.named_parameters() if n in trainable}
 
     def _resume(self) -> None:
         """Load the run's newest valid checkpoint, after finishing what a killed process left."""
@@ -393,6 +467,8 @@ class Trainer:
         if unknown:
             raise ckpt.CorruptCheckpointError(f"{path}: parameters not in this model: {unknown[:5]}")
         dist_utils.load_full_state_dict(self.policy, weights)
+        if self.ema is not None:  # a checkpoint written without one (margrpo eval --checkpoint) starts it at its weights
+            self.ema.load_state_dict(state.get("ema") or weights)
         if weights_only:
             return
         try:
@@ -404,6 +480,11 @@ class Trainer:
         ckpt.set_rng_state(state["rng"])
         if self.tracker is not None and state.get("tracker"):
             self.tracker.load_state_dict(state["tracker"])
+        if state.get("reference") is not None:
+            own = dict(self.reference.named_parameters())
+            with torch.no_grad():
+                for name, value in state["reference"].items():
+                    own[name].copy_(value)
         self.step = state["step"]
         self.bad_steps, self.skipped_total = state.get("bad_steps", 0), state.get("skipped_total", 0)
         if self.is_main:
@@ -459,7 +540,7 @@ class Trainer:
 # trains (run.steps also rescales a cosine schedule over the new length)
 RESUME_OVERRIDES = ("run.steps", "run.out_dir", "run.device", "run.threads", "run.parallel", "run.save_every",
                     "run.keep_last", "run.eval_every", "run.log_every", "run.tensorboard", "run.wandb",
-                    "run.max_bad_steps", "run.resume", "pretrain")
+                    "run.max_bad_steps", "run.resume", "run.eval_ema", "pretrain")
 GLOBAL_BATCH = "grpo.prompts_per_step"  # per rank: a resume compares it times the world size
 
 
