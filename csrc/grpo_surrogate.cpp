@@ -5,6 +5,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <limits>
 #include <vector>
 
 #include "cpu_math.h"
@@ -46,12 +47,17 @@ MARGRPO_CPU_CLONES acc_t sum(const acc_t* x, int64_t n) {
   return total;
 }
 
+// max(init, x[0, n)), NaN when any of them is (max_keep_nan). The simd max reduction drops NaN, so a
+// second loop looks for one: one reduction per loop keeps both vectorised.
 template <typename acc_t>
 MARGRPO_CPU_CLONES acc_t maximum(const acc_t* x, int64_t n, acc_t init) {
   acc_t result = init;
 #pragma omp simd reduction(max : result)
   for (int64_t i = 0; i < n; ++i) result = x[i] > result ? x[i] : result;  // std::max takes references: no simd
-  return result;
+  int nan = 0;
+#pragma omp simd reduction(| : nan)
+  for (int64_t i = 0; i < n; ++i) nan |= x[i] != x[i];
+  return nan ? std::numeric_limits<acc_t>::quiet_NaN() : max_keep_nan(init, result);
 }
 
 // Rows [row_begin, row_end) of the [T * B, L] terms: their gradients, and their five sums into slots.
@@ -92,7 +98,7 @@ void surrogate(const Args& a, double clip_low, double clip_high, acc_t* grad, ac
   for (int s = 0; s < kSlots; ++s) total[s] = initial<acc_t>(s);
   for (int64_t chunk = 0; chunk < chunks; ++chunk) {
     const acc_t* slots = partial.data() + chunk * kSlots;
-    for (int s = 0; s < kSlots; ++s) total[s] = s == kRatioMax ? std::max(total[s], slots[s]) : total[s] + slots[s];
+    for (int s = 0; s < kSlots; ++s) total[s] = s == kRatioMax ? max_keep_nan(total[s], slots[s]) : total[s] + slots[s];
   }
   *loss = total[kLoss];
   for (int s : {kClipFraction, kApproxKl, kRatioMean}) stats[s] = total[s];

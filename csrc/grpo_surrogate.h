@@ -19,6 +19,13 @@ C10_HOST_DEVICE inline acc_t initial(int slot) {
   return slot == kRatioMax ? acc_t(-1) : acc_t(0);
 }
 
+// max(a, b), NaN when either is, like torch.max: a NaN ratio must show in ratio_max, and a plain
+// `b > a ? b : a` drops a NaN b.
+template <typename acc_t>
+C10_HOST_DEVICE inline acc_t max_keep_nan(acc_t a, acc_t b) {
+  return a != a || a > b ? a : b;
+}
+
 struct Args {
   at::Tensor logp, old_logp, advantages, weights, mte_mask;
   int64_t T, B, L;

@@ -15,11 +15,11 @@ constexpr int kBlock = 256;
 constexpr int kItemsPerThread = 8;  // elements per thread before the grid stops growing
 constexpr int kMaxBlocks = 1024;    // stage-1 partials; stage 2 reduces them in one block
 
-// sums add, the ratio_max slot takes the max
+// sums add, the ratio_max slot takes the max (NaN when either is)
 struct Combine {
   template <typename acc_t>
   __device__ acc_t operator()(int slot, acc_t a, acc_t b) const {
-    return slot == kRatioMax ? (b > a ? b : a) : a + b;
+    return slot == kRatioMax ? max_keep_nan(a, b) : a + b;
   }
 };
 
@@ -42,7 +42,7 @@ __global__ void terms_kernel(const scalar_t* __restrict__ logp, const scalar_t* 
     sums[kClipFraction] += e.clipped;
     sums[kApproxKl] += e.kl;
     sums[kRatioMean] += e.ratio;
-    sums[kRatioMax] = e.kept_ratio > sums[kRatioMax] ? e.kept_ratio : sums[kRatioMax];
+    sums[kRatioMax] = max_keep_nan(sums[kRatioMax], e.kept_ratio);
   }
   cuda::block_reduce(sums, Combine{});
   if (threadIdx.x == 0) {

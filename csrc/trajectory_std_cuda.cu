@@ -1,7 +1,7 @@
 // trajectory_std_fwd / _bwd on CUDA. Forward: a group of adjacent lanes per row m (coalesced across
-// rows of C = 16), each lane a two-pass mean / variance over the K trajectories of its channels (the
-// second pass re-reads from cache), the channel mean by warp shuffles. Backward: one thread per
-// (m, c), which recomputes its mean and std and writes the K gradients.
+// rows of C = 16), each lane a shifted two-pass mean / variance over the K trajectories of its
+// channels (the second pass re-reads from cache), the channel mean by warp shuffles. Backward: one
+// thread per (m, c), which recomputes its mean and std and writes the K gradients.
 #include <ATen/OpMathType.h>
 #include <torch/library.h>
 
@@ -14,16 +14,19 @@ namespace {
 using cuda::group_sum;
 using cuda::kRowBlock;
 
-// mean and population std over K of element e (= m * C + c) of a [K, M * C] tensor
+// Population std over K of element e (= m * C + c) of a [K, M * C] tensor, two-pass on the
+// differences from trajectory 0's value (`shift`): a large offset would otherwise drown a small spread
+// in the rounding of the mean (as in trajectory_std.cpp). `mean` is the mean of those differences.
 template <typename scalar_t, typename acc_t>
 __device__ __forceinline__ void moments(const scalar_t* __restrict__ samples, int64_t K, int64_t MC, int64_t e,
-                                        acc_t& mean, acc_t& std) {
+                                        acc_t& shift, acc_t& mean, acc_t& std) {
+  shift = acc_t(samples[e]);
   acc_t sum = 0;
-  for (int64_t k = 0; k < K; ++k) sum += acc_t(samples[k * MC + e]);
+  for (int64_t k = 1; k < K; ++k) sum += acc_t(samples[k * MC + e]) - shift;
   mean = sum / acc_t(K);
   acc_t sq = 0;
   for (int64_t k = 0; k < K; ++k) {
-    const acc_t d = acc_t(samples[k * MC + e]) - mean;
+    const acc_t d = (acc_t(samples[k * MC + e]) - shift) - mean;
     sq += d * d;
   }
   std = std::sqrt(sq / acc_t(K));
@@ -39,8 +42,8 @@ __global__ void fwd_kernel(const scalar_t* __restrict__ samples, acc_t* __restri
     acc_t total = 0;
     if (m < M) {
       for (int64_t c = lane; c < C; c += lanes) {
-        acc_t mean, std;
-        moments<scalar_t, acc_t>(samples, K, M * C, m * C + c, mean, std);
+        acc_t shift, mean, std;
+        moments<scalar_t, acc_t>(samples, K, M * C, m * C + c, shift, mean, std);
         total += std;
       }
     }
@@ -54,11 +57,11 @@ __global__ void bwd_kernel(const acc_t* __restrict__ grad_out, const scalar_t* _
                            acc_t* __restrict__ grad, int64_t K, int64_t M, int64_t C) {
   const int64_t MC = M * C;
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < MC; e += int64_t(gridDim.x) * blockDim.x) {
-    acc_t mean, std;
-    moments<scalar_t, acc_t>(samples, K, MC, e, mean, std);
+    acc_t shift, mean, std;
+    moments<scalar_t, acc_t>(samples, K, MC, e, shift, mean, std);
     // d std / d sample = (sample - mean) / (K std); defined as 0 where the std is 0
     const acc_t scale = std > acc_t(0) ? grad_out[e / C] / acc_t(C) / (acc_t(K) * std) : acc_t(0);
-    for (int64_t k = 0; k < K; ++k) grad[k * MC + e] = (acc_t(samples[k * MC + e]) - mean) * scale;
+    for (int64_t k = 0; k < K; ++k) grad[k * MC + e] = ((acc_t(samples[k * MC + e]) - shift) - mean) * scale;
   }
 }
 

@@ -2,7 +2,9 @@
 
 samples [K, M, C] with K small (2..8). A program loads a [BLOCK_K, BLOCK_M, BLOCK_C] tile, so all K
 values of an element sit in registers: the mean and then the squared deviations are two reductions
-over the register axis K (two-pass numerics, one read of memory). Channels are walked in BLOCK_C
+over the register axis K (two-pass numerics, one read of memory), both on the differences from
+trajectory 0's value, so that a large offset (latents at 1e5, spread 1e-2) does not drown the spread
+in the rounding of the mean. Channels are walked in BLOCK_C
 chunks and the per-channel std summed, then divided by C. Math runs in the output dtype (fp32, or
 fp64 for fp64 samples).
 """
@@ -26,8 +28,10 @@ def _load_centered(samples_ptr, rows, c0, K, M, C, dt: tl.constexpr,
     ok = (ks < K)[:, None, None] & (rows < M)[None, :, None] & (cols < C)[None, None, :]
     offs = (ks.to(tl.int64)[:, None, None] * M + rows.to(tl.int64)[None, :, None]) * C + cols[None, None, :]
     s = tl.load(samples_ptr + offs, mask=ok, other=0.0).to(dt)
-    mean = tl.sum(s, axis=0) / K
-    centered = tl.where(ok, s - mean[None, :, :], 0.0)
+    shift = tl.sum(tl.where((ks == 0)[:, None, None], s, 0.0), axis=0)  # trajectory 0, already in registers
+    diff = tl.where(ok, s - shift[None, :, :], 0.0)
+    mean = tl.sum(diff, axis=0) / K
+    centered = tl.where(ok, diff - mean[None, :, :], 0.0)
     std = tl.sqrt(tl.sum(centered * centered, axis=0) / K)  # population std (unbiased=False)
     return offs, ok, centered, std
 

@@ -204,6 +204,28 @@ def test_extreme_log_ratios_stay_finite(backend, gen):
     assert all(torch.isfinite(v) for v in out) and torch.isfinite(logp.grad).all()
 
 
+def test_nan_log_probs_show_in_ratio_max(backend, gen):
+    """A NaN log-prob on a kept token makes ratio_max NaN, as torch.max in the reference: all NaN,
+    one NaN amid a row (vector lanes) or in the last rows (another chunk of the CPU reduction). A NaN
+    on a token that is not kept leaves it alone."""
+    backend.require(MODULE, KERNEL)
+    B, L = 4, 4096  # 16384 terms: more than one chunk (8192 terms) of the CPU kernel
+    logp, old, advantages = inputs(gen, None, B, L, F32, backend.device)
+    keep = torch.ones(B, L, dtype=torch.bool, device=backend.device)
+    logp = logp.detach()
+    all_nan = torch.full_like(logp, float("nan"))
+    assert ops.grpo_surrogate(all_nan, old, advantages, keep).ratio_max.isnan()
+    for b, token in [(0, 1000), (B - 1, 7), (B - 1, L - 1)]:
+        one_nan = logp.clone()
+        one_nan[b, token] = float("nan")
+        assert ops.grpo_surrogate(one_nan, old, advantages, keep).ratio_max.isnan(), (b, token)
+        dropped = keep.clone()
+        dropped[b, token] = False
+        out = ops.grpo_surrogate(one_nan, old, advantages, dropped)
+        expected = (logp - old).exp()[dropped].max()
+        assert_close(out.ratio_max, expected, F32)
+
+
 @pytest.mark.parametrize("shape", [(0, 5), (3, 0), (2, 0, 4)])
 def test_empty_batch(backend, shape):
     logp = torch.zeros(shape, device=backend.device, requires_grad=True)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import assert_close, randn
+from conftest import TOLERANCE, assert_close, randn
 
 import margrpo.ops as ops
 
@@ -82,6 +82,34 @@ def test_large_magnitudes(backend, gen, dtype):
     check_against_expected(samples, dtype, scale=1e4, grads=False)
     huge = randn(gen, 3, 5, 4, dtype=dtype, device=backend.device, scale=1e4)
     check_against_expected(huge, dtype, scale=1.0, grads=False)
+
+
+@pytest.mark.parametrize("offset", [1e5, 1e4])
+@pytest.mark.parametrize("dtype", [F64, F32, BF16, F16])
+def test_large_offset_small_spread(backend, gen, offset, dtype):
+    """Latents at a large offset with a small spread (1e-2; a few ulps of the offset in half
+    precision, below which the samples all round to the offset). Two-pass moments on the samples
+    themselves lose the spread to the rounding of the mean (relative error 0.2 at 1e5 in fp32); on the
+    differences from trajectory 0 the result keeps the accuracy of the compute dtype. The float64
+    expectation is taken on those differences too, exact in float64: torch.std of the samples is off
+    by 2e-10 there."""
+    if dtype == F16 and offset > torch.finfo(F16).max:
+        pytest.skip("float16 does not reach the offset")
+    backend.require(MODULE, *KERNELS)
+    spread = 1e-2 if dtype in (F64, F32) else 4 * offset * torch.finfo(dtype).eps
+    samples = randn(gen, 4, 37, 16, scale=spread, shift=offset).to(device=backend.device, dtype=dtype)
+    samples.requires_grad_()
+    out = ops.trajectory_std(samples)
+    exact = samples.detach().double().cpu().requires_grad_()
+    ref = expected_std(exact - exact[:1])
+    compute_tol = TOLERANCE[F64 if dtype == F64 else F32]
+    assert (out.detach().cpu().double() / ref - 1).abs().max() < compute_tol
+    grad_out = randn(gen, *ref.shape)
+    torch.autograd.backward(out, grad_out.to(out))
+    torch.autograd.backward(ref, grad_out)
+    # the gradient is returned in the input dtype: its rounding bounds the error
+    error = (samples.grad.cpu().double() - exact.grad).abs().max() / exact.grad.abs().max()
+    assert error < TOLERANCE[dtype]
 
 
 @pytest.mark.parametrize("shape", [(3, 0, 4), (2, 4, 0, 5)])

@@ -1,6 +1,8 @@
-"""The reward service on loopback: round trip, compact payloads, timeouts, server down, bad payloads."""
+"""The reward service on loopback: round trip, compact payloads, timeouts, server down, bad payloads,
+and the server's limits (body size, concurrency, read timeout, token)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -13,7 +15,7 @@ import torch
 
 from margrpo.rewards import RemoteReward, RewardServiceError, build_reward
 from margrpo.rewards.base import Reward
-from margrpo.rewards.server import RewardServer, main, rewards_from_args
+from margrpo.rewards.server import RewardServer, main, non_loopback_warning, rewards_from_args
 from margrpo.rewards.wire import PayloadError, decode_request, encode_request
 
 
@@ -192,3 +194,147 @@ def test_cli_arguments_build_the_rewards(tmp_path):
     with pytest.raises(SystemExit) as exit_info:
         main(["--port", "0"])  # argparse-style usage error: exit status 2
     assert exit_info.value.code == 2
+
+
+# ------------------------------------------------------------------ hardening: limits, timeouts, token
+class Gate(MeanPixel):
+    """Scores once `release` is set; `entered` tells that a request holds a slot; counts its calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.entered, self.release, self.calls = threading.Event(), threading.Event(), 0
+
+    def score(self, images, prompts, metadata):
+        self.calls += 1
+        self.entered.set()
+        assert self.release.wait(10)
+        return super().score(images, prompts, metadata)
+
+
+@contextlib.contextmanager
+def serving(rewards, **limits):
+    srv = RewardServer(rewards, port=0, **limits).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def raw_exchange(url: str, request: bytes, timeout: float = 5.0) -> bytes:
+    """Send raw bytes to the server and return everything it answers until it closes the connection."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        sock.sendall(request)
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+    return reply
+
+
+@pytest.mark.parametrize("length", ["abc", "-5", "+5", "0", None])
+def test_bad_content_length_gets_400_without_a_traceback(server, capfd, length):
+    header = b"" if length is None else f"Content-Length: {length}\r\n".encode()
+    reply = raw_exchange(server.url, b"POST /score/mean_pixel HTTP/1.1\r\nHost: x\r\n" + header + b"\r\n")
+    assert reply.startswith(b"HTTP/1.1 400 ") and b"Content-Length: got" in reply
+    assert b"Connection: close" in reply  # the body's end is unknown: the connection cannot be reused
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_image_without_pixels_gets_400_and_is_not_retried():
+    reward = Gate()
+    reward.release.set()
+    with serving({"gate": reward}) as srv:
+        remote = RemoteReward(url=srv.url, remote_name="gate", timeout=5, retries=3, backoff=1.0)
+        start = time.monotonic()
+        with pytest.raises(RewardServiceError, match=r"after 1 attempt\(s\).*HTTP 400: images: got 0x0 pixels"):
+            remote(torch.zeros(1, 3, 0, 0, dtype=torch.uint8), ["p"])
+        assert time.monotonic() - start < 1.0 and reward.calls == 0  # no backoff sleep, the reward never ran
+        code, reply = _post(f"{srv.url}/score/gate", encode_request(torch.zeros(2, 3, 4, 0), ["a", "b"], None))
+        assert code == 400 and "4x0 pixels" in reply["error"]
+
+
+def test_body_over_the_limit_gets_413():
+    with serving({"mean_pixel": MeanPixel()}, max_body_bytes=4096) as srv:
+        small = encode_request(images_u8(batch=1, h=8, w=8).float() / 255, ["p"], None)
+        assert len(small) <= 4096 and _post(f"{srv.url}/score/mean_pixel", small)[0] == 200
+        code, reply = _post(f"{srv.url}/score/mean_pixel", encode_request(images_u8(batch=4, h=32, w=32).float() / 255,
+                                                                           ["p"] * 4, None))
+        assert code == 413 and "expected at most 4096" in reply["error"]
+
+
+def test_requests_beyond_the_concurrency_limit_get_503():
+    reward = Gate()
+    with serving({"gate": reward, "mean_pixel": MeanPixel()}, max_concurrent=1) as srv:
+        body = encode_request(images_u8(batch=1).float() / 255, ["p"], None)
+        first = {}
+        holder = threading.Thread(target=lambda: first.update(code=_post(f"{srv.url}/score/gate", body)[0]))
+        holder.start()
+        assert reward.entered.wait(5)  # the first request holds the only slot
+        code, reply = _post(f"{srv.url}/score/mean_pixel", body)
+        assert code == 503 and "busy: 1 requests in progress" in reply["error"]
+        reward.release.set()
+        holder.join(5)
+        assert first == {"code": 200}
+        assert _post(f"{srv.url}/score/mean_pixel", body)[0] == 200  # the slot is free again
+
+
+def test_stalled_upload_times_out_and_frees_its_slot():
+    with serving({"mean_pixel": MeanPixel()}, max_concurrent=1, read_timeout=0.5) as srv:
+        start = time.monotonic()
+        reply = raw_exchange(srv.url, b"POST /score/mean_pixel HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n"
+                             + b"x" * 10)  # 990 bytes never come
+        assert reply.startswith(b"HTTP/1.1 408 ") and 0.5 <= time.monotonic() - start < 3
+        start = time.monotonic()
+        assert raw_exchange(srv.url, b"POST /score/mean_pixel HTTP/1.1\r\n") == b""  # stalled headers: closed
+        assert 0.5 <= time.monotonic() - start < 3
+        body = encode_request(images_u8(batch=1).float() / 255, ["p"], None)
+        assert _post(f"{srv.url}/score/mean_pixel", body)[0] == 200
+
+
+def test_token_is_required_and_accepted(monkeypatch):
+    monkeypatch.delenv("MARGRPO_REWARD_TOKEN", raising=False)
+    images = images_u8(batch=2)
+    with serving({"mean_pixel": MeanPixel()}, token="s3cret") as srv:
+        for token in (None, "wrong"):
+            remote = RemoteReward(url=srv.url, remote_name="mean_pixel", timeout=5, retries=3, token=token)
+            with pytest.raises(RewardServiceError, match=r"after 1 attempt\(s\).*HTTP 401: Authorization"):
+                remote(images, ["a", "b"])
+        remote = RemoteReward(url=srv.url, remote_name="mean_pixel", timeout=5, retries=0, token="s3cret")
+        torch.testing.assert_close(remote(images, ["a", "b"]), MeanPixel()(images, ["a", "b"]))
+        monkeypatch.setenv("MARGRPO_REWARD_TOKEN", "s3cret")  # the client's default
+        remote = RemoteReward(url=srv.url, remote_name="mean_pixel", timeout=5, retries=0)
+        torch.testing.assert_close(remote(images, ["a", "b"]), MeanPixel()(images, ["a", "b"]))
+        with urllib.request.urlopen(f"{srv.url}/health", timeout=5) as reply:  # liveness probes need no token
+            assert reply.status == 200
+
+
+def test_non_loopback_hosts_get_a_warning():
+    for host in ("127.0.0.1", "127.0.0.2", "::1", "localhost"):
+        assert non_loopback_warning(host, None) is None
+    for host in ("0.0.0.0", "", "::", "10.1.2.3", "reward-host"):
+        warning = non_loopback_warning(host, None)
+        assert "not loopback" in warning and "--token" in warning
+    assert "--token" not in non_loopback_warning("0.0.0.0", "s3cret")
+
+
+def test_cli_limits_reach_the_server(monkeypatch, capsys):
+    created = {}
+
+    class Stop(Exception):
+        pass
+
+    class Recording(RewardServer):
+        def __init__(self, rewards, **kwargs):
+            created.update(kwargs)
+            raise Stop  # before binding
+
+    monkeypatch.setattr("margrpo.rewards.server.RewardServer", Recording)
+    monkeypatch.setenv("MARGRPO_REWARD_TOKEN", "from-env")
+    with pytest.raises(Stop):
+        main(["--reward", "jpeg_incompressibility", "--option", "jpeg_incompressibility.device=cpu", "--port", "0",
+              "--max-body-mb", "2", "--max-concurrent", "3", "--read-timeout", "0.5", "--host", "0.0.0.0"])
+    assert created == {"host": "0.0.0.0", "port": 0, "max_body_bytes": 2 << 20, "max_concurrent": 3,
+                       "read_timeout": 0.5, "token": "from-env"}
+    assert "warning: binding '0.0.0.0', not loopback" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--reward", "jpeg_incompressibility", "--max-concurrent", "0"])

@@ -16,6 +16,7 @@ from safetensors.torch import save as st_save
 
 WIRE_DTYPES = {"uint8": torch.uint8, "float16": torch.float16}
 CONTENT_TYPE = "application/x-safetensors"
+TOKEN_ENV = "MARGRPO_REWARD_TOKEN"  # the shared token of `serve-reward --token`, read by both ends
 
 
 class PayloadError(ValueError):
@@ -46,6 +47,8 @@ def decode_request(body: bytes) -> tuple[torch.Tensor, list[str], list[dict[str,
     if images is None or images.dim() != 4 or images.shape[1] != 3 or images.dtype not in WIRE_DTYPES.values():
         got = None if images is None else f"{images.dtype} {tuple(images.shape)}"
         raise PayloadError(f"images: got {got}, expected uint8 or float16 [B, 3, H, W]")
+    if images.shape[2] == 0 or images.shape[3] == 0:  # no pixels: a reward model would fail on it (a 500)
+        raise PayloadError(f"images: got {images.shape[2]}x{images.shape[3]} pixels, expected H, W >= 1")
     if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
         raise PayloadError("prompts: expected a JSON list of strings")
     if metadata is not None and not (isinstance(metadata, list) and all(isinstance(m, dict) for m in metadata)):
