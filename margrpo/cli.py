@@ -12,8 +12,10 @@ from margrpo.config import ConfigError
 COMMANDS = {
     "train": ("margrpo.train.trainer", "GRPO training: margrpo train --config configs/shapes-tiny.yaml [key=value ...]"),
     "pretrain": ("margrpo.train.pretrain", "pretrain the tiny ShapesWorld MAR model"),
-    "sample": ("margrpo.sample", "generate PNG grids: --config FILE --prompts FILE --out DIR"),
-    "eval": ("margrpo.train.evaluate", "held-out reward of a checkpoint"),
+    "sample": ("margrpo.sample", "generate PNG grids: --config FILE | --checkpoint RUN_OR_MODEL, --prompts FILE --out DIR"),
+    "eval": ("margrpo.train.evaluate", "held-out reward of a run checkpoint, run or model directory"),
+    "export": ("margrpo.train.export", "a run checkpoint as a model in its family's official layout (LoRA merged)"),
+    "init-model": ("margrpo.models.init_model", "write a random-init NOVA/Harmon/tiny preset in its official layout"),
     "diagnose": ("margrpo.train.diagnostics", "why RL does or does not move a model: four checks on one GRPO step"),
     "ablate": ("margrpo.train.ablate", "run the ablation presets over seeds and print the table"),
     "bench": ("margrpo.bench.cli", "benchmarks: margrpo bench ops|denoise|rollout|rewards|step"),

@@ -3,13 +3,16 @@
 An unknown key or a value of the wrong type is an error that names the key (with its dotted path)
 and lists close matches, so a typo never silently falls back to a default. NaN is never a valid
 number. A section's value rules are a table of `Rule`s that its dataclass checks when it is built
-(`check_rules`), so an out-of-range value fails at load time too, naming its key.
+(`check_rules`), so an out-of-range value fails at load time too, naming its key. A relative input
+path in a config file (INPUT_PATHS) is looked up beside the file first (load_config_file), so a
+config works from any working directory.
 """
 from __future__ import annotations
 
 import dataclasses
 import difflib
 import math
+import os
 import re
 import types
 import typing
@@ -196,3 +199,38 @@ def load_yaml(path: str | Path) -> dict:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of sections at the top level, got {type(data).__name__}")
     return data
+
+
+# Keys whose values name files or directories to read. A relative one is resolved against the config
+# file's directory when it exists there, else left relative to the working directory (where configs
+# that name e.g. checkpoints/nova-d48w1024-sd512 from the repository root expect it). Output paths
+# (run.out_dir, pretrain.out) always stay relative to the working directory, like any command's output.
+INPUT_PATHS = ("backbone.checkpoint", "run.train_prompts", "run.eval_prompts")
+
+
+def resolve_input_paths(data: dict, base: str | Path, keys: tuple[str, ...] = INPUT_PATHS) -> dict:
+    """A copy of `data` whose relative paths at `keys` that exist under `base` are made absolute
+    (`builtin:NAME` checkpoints, absolute paths and paths found only elsewhere are unchanged)."""
+    import copy
+
+    data = copy.deepcopy(data)
+    base = Path(base)
+    for key in keys:
+        *sections, name = key.split(".")
+        node = data
+        for section in sections:
+            node = node.get(section) if isinstance(node, dict) else None
+        value = node.get(name) if isinstance(node, dict) else None
+        if not isinstance(value, str) or not value or ":" in value.split("/")[0] or Path(value).is_absolute():
+            continue  # unset, builtin:NAME (or another scheme), or absolute
+        beside = base / value
+        if beside.exists() and not (Path(value).exists() and os.path.samefile(beside, value)):
+            node[name] = os.path.abspath(beside)
+    return data
+
+
+def load_config_file(path: str | Path, overrides: list[str] = ()) -> dict:
+    """The mapping of a YAML config file with its input paths resolved (resolve_input_paths) and then
+    `overrides` applied (paths given on the command line stay relative to the working directory)."""
+    data = resolve_input_paths(load_yaml(path), Path(path).parent)
+    return apply_overrides(data, list(overrides))

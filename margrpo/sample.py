@@ -1,9 +1,13 @@
 """`margrpo sample`: generate images for a prompt file and save captioned PNG grids.
 
     margrpo sample --config configs/shapes-tiny.yaml --prompts FILE --out DIR [key=value ...]
+    margrpo sample --checkpoint runs/shapes-tiny --prompts FILE --out DIR
 
-The backbone is the config's `backbone:` section (any registered family: tiny, nova, harmon), its
-checkpoint --checkpoint when given. Generation settings (mask steps,
+The model: --checkpoint when given, which names a run checkpoint (<run>/checkpoints/step-*: the
+policy as it trained, rebuilt from the run's saved config), a run directory (its newest checkpoint),
+or a model directory of any family (official, exported or init-model; its family is detected);
+else the config's `backbone:` section. Settings come from --config, else the config saved with the
+checkpoint (margrpo.train.restore.command_settings). Generation settings (mask steps,
 schedule, guidance, temperature) come from the config's `rollout:` section when it has one (the GRPO
 run's settings; nothing is recorded here), else from `pretrain.sampling` (SampleConfig, the settings
 of the pretraining evals). Writes DIR/NNN.png per prompt (a row of samples under the prompt as
@@ -21,7 +25,7 @@ from typing import Literal
 import torch
 from PIL import Image, ImageDraw
 
-from margrpo.config import apply_overrides, from_dict, load_yaml
+from margrpo.config import ConfigError, from_dict
 from margrpo.models import BackboneConfig, MARBackbone, check_no_model_section, load_backbone
 from margrpo.rollout import RolloutConfig, generate
 
@@ -110,10 +114,12 @@ def _shapes_summary(images: torch.Tensor, prompts: list[str]) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     """`margrpo sample --config FILE --prompts FILE --out DIR [...]` (see the module docstring)."""
     parser = argparse.ArgumentParser(prog="margrpo sample", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", required=True, help="YAML config (backbone:, and rollout: or pretrain.sampling)")
+    parser.add_argument("--config", help="YAML config (backbone:, and rollout: or pretrain.sampling); default: the "
+                        "config saved with --checkpoint")
     parser.add_argument("--prompts", required=True, help="text file, one prompt per line")
     parser.add_argument("--out", required=True, help="output directory for the PNG grids")
-    parser.add_argument("--checkpoint", help="checkpoint directory (default: the config's backbone.checkpoint)")
+    parser.add_argument("--checkpoint", help="a run checkpoint (<run>/checkpoints/step-*), a run directory (its newest), "
+                        "or a model directory of any family (default: the config's backbone.checkpoint)")
     parser.add_argument("--device", default="auto", help="cpu, cuda, ... (default auto: cuda when available)")
     parser.add_argument("--per-prompt", type=int, default=4, help="images per prompt (default 4)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the first image; image i uses seed + i")
@@ -122,19 +128,26 @@ def main(argv: list[str] | None = None) -> int:
     if args.per_prompt < 1:
         parser.error(f"--per-prompt: got {args.per_prompt}, expected >= 1")
 
-    data = apply_overrides(load_yaml(args.config), args.overrides)
+    from margrpo.train.restore import command_settings, restore_policy, trainer_config
+
+    data, run_checkpoint = command_settings(args.config, args.checkpoint, args.overrides)
     check_no_model_section(data)
     prompts = read_prompts(args.prompts)
     backbone = from_dict(BackboneConfig, data.get("backbone", {}), "backbone")
-    if args.checkpoint:
-        backbone.checkpoint = args.checkpoint
     if "rollout" in data:
         config, source = from_dict(RolloutConfig, data["rollout"], "rollout"), "rollout"
     else:
         sampling = data.get("pretrain", {}).get("sampling", {})
         config, source = from_dict(SampleConfig, sampling, "pretrain.sampling").rollout_config(), "pretrain.sampling"
-    model = load_backbone(backbone, args.device)
-    print(f"sampling {backbone.name} {backbone.checkpoint} with the {source} settings")
+    if run_checkpoint is not None:  # the policy exactly as it trained (adapters not merged)
+        trained, _ = trainer_config(run_checkpoint, args.config, args.overrides)
+        model, name = restore_policy(run_checkpoint, trained, args.device, merge=False), run_checkpoint
+    else:
+        try:
+            model, name = load_backbone(backbone, args.device), backbone.checkpoint
+        except FileNotFoundError as err:  # names the missing file and what was expected
+            raise ConfigError(str(err)) from err
+    print(f"sampling {backbone.name} {name} with the {source} settings")
 
     per = args.per_prompt
     repeated = [prompt for prompt in prompts for _ in range(per)]

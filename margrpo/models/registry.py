@@ -67,5 +67,10 @@ def load_backbone(config: BackboneConfig, device: str | torch.device = "cpu") ->
     """The backbone `config` names, from its checkpoint, on `device` ("auto" allowed), in eval mode."""
     loader = backbone_loader(config.name)
     checkpoint = resolve_checkpoint(config.checkpoint)
+    if (checkpoint / "manifest.json").is_file() or (checkpoint / "checkpoints").is_dir():
+        raise FileNotFoundError(
+            f"backbone.checkpoint: {checkpoint} is a training run or run checkpoint (trained tensors only), not a "
+            f"model directory; write the trained model out with `margrpo export {checkpoint} OUT_DIR` and use "
+            "backbone.checkpoint=OUT_DIR (margrpo sample and eval take it directly as --checkpoint)")
     dtype = getattr(torch, config.dtype)
     return loader(checkpoint, device=resolve_device(device), dtype=dtype, **config.options).eval()

@@ -299,8 +299,9 @@ class TinyMAR(nn.Module):
         path = Path(path)
         for name in (CONFIG_FILE, WEIGHTS_FILE):
             if not (path / name).is_file():
-                raise FileNotFoundError(f"tiny MAR checkpoint: {path / name} not found (expected a directory "
-                                        f"written by TinyMAR.save or `margrpo pretrain`)")
+                raise FileNotFoundError(f"tiny MAR checkpoint: {path / name} not found (expected a directory with "
+                                        f"{CONFIG_FILE} and {WEIGHTS_FILE}, as written by `margrpo pretrain`, "
+                                        "`margrpo export` or `margrpo init-model shapes-tiny-random`)")
         fields = json.loads((path / CONFIG_FILE).read_text())
         known = {f.name for f in dataclasses.fields(TinyMARConfig)}
         unknown = sorted(set(fields) - known)

@@ -20,7 +20,7 @@ from typing import Any, Literal, Optional
 import torch
 
 from margrpo.config import ConfigError  # noqa: F401  (part of this module's API)
-from margrpo.config import Rule, apply_overrides, check_rules, finite, from_dict, load_yaml
+from margrpo.config import Rule, apply_overrides, check_rules, finite, from_dict, load_config_file
 from margrpo.grpo.config import GRPOConfig, LoRAConfig  # noqa: F401  (part of this module's API)
 from margrpo.models.config import BackboneConfig, check_no_model_section
 from margrpo.rollout import RolloutConfig
@@ -86,7 +86,7 @@ class TrainerConfig:
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainerConfig:
     """TrainerConfig from a YAML file (or the defaults when path is None) and dotted overrides."""
-    data = apply_overrides(load_yaml(path) if path is not None else {}, list(overrides))
+    data = load_config_file(path, overrides) if path is not None else apply_overrides({}, list(overrides))
     check_no_model_section(data)
     return from_dict(TrainerConfig, data)
 

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
 
-from margrpo.config import ConfigError
+from margrpo.config import ConfigError, apply_overrides, from_dict
+from margrpo.models import resolve_device
 from margrpo.rollout import RolloutConfig, generate, sample_seed
 
 
@@ -32,28 +32,30 @@ def verifier_summary(images: torch.Tensor, prompts: list[str]) -> dict[str, floa
 
 
 def main(argv: list[str] | None = None) -> int:
-    """margrpo eval --config FILE [--checkpoint DIR] [key=value ...]: held-out verifier scores."""
+    """margrpo eval [--config FILE] [--checkpoint PATH] [key=value ...]: held-out verifier scores (or the
+    configured reward) of a model. --checkpoint: a run checkpoint (<run>/checkpoints/step-*), a run
+    directory (its newest), or a model directory of any family (official, exported, init-model). The
+    settings come from --config, else the config saved with the checkpoint."""
+    from .config import TrainerConfig
+    from .restore import command_settings, restore_policy, trainer_config
     from .trainer import Trainer
 
     parser = argparse.ArgumentParser(prog="margrpo eval", description=main.__doc__)
-    parser.add_argument("--config", required=True)
-    parser.add_argument("--checkpoint", default=None, help="a run's checkpoint dir (default: the config's backbone)")
+    parser.add_argument("--config", default=None, help="YAML config (default: the one saved with --checkpoint)")
+    parser.add_argument("--checkpoint", default=None, help="a run checkpoint, a run directory, or a model directory "
+                        "(default: the config's backbone.checkpoint)")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
-    if args.checkpoint:
-        _check_checkpoint_dir(Path(args.checkpoint))
-    trainer = Trainer.from_files(args.config, args.overrides + ["run.resume=never"], create_run_dir=False)
-    if args.checkpoint:
-        trainer.load_checkpoint(args.checkpoint, weights_only=True)
+    data, run_checkpoint = command_settings(args.config, args.checkpoint, args.overrides)
+    config = from_dict(TrainerConfig, apply_overrides(data, ["run.resume=never"]))
+    policy = None
+    if run_checkpoint is not None:  # adapters merged: the trainer adds its own when the config asks for LoRA
+        trained, _ = trainer_config(run_checkpoint, args.config, args.overrides)
+        policy = restore_policy(run_checkpoint, trained, resolve_device(config.run.device))
+    try:
+        trainer = Trainer(config, create_run_dir=False, policy=policy)
+    except FileNotFoundError as err:  # a model directory that is missing a file: the message names it
+        raise ConfigError(str(err)) from err
     summary = trainer.evaluate(step=trainer.step, log=False)
     print("  ".join(f"{k}={v:.3f}" for k, v in summary.items()))
     return 0
-
-
-def _check_checkpoint_dir(path: Path) -> None:
-    """--checkpoint names a training checkpoint (<run>/checkpoints/step-*), not a model directory."""
-    if not path.is_dir():
-        raise ConfigError(f"--checkpoint {path}: no such directory")
-    if not (path / "manifest.json").is_file():
-        raise ConfigError(f"--checkpoint {path}: not a training checkpoint (no manifest.json; a run writes them "
-                          "as <run>/checkpoints/step-*); evaluate a model directory with backbone.checkpoint=PATH")

@@ -5,6 +5,8 @@ the trainer keeps no second copy of the weights.
 The adapters are injected in place (peft.inject_adapter_in_model): an adapted layer keeps its base
 weight under `<layer>.base_layer.weight` and gains `<layer>.lora_A.default.weight` and
 `<layer>.lora_B.default.weight`. B starts at zero, so the adapted model starts equal to the base.
+merge_adapters folds trained adapters into the base weights (`margrpo export`), giving the base
+model's own layout back.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import contextlib
 import re
 from collections.abc import Iterator
 
+import torch
 from torch import nn
 
 from margrpo.config import ConfigError
@@ -103,3 +106,24 @@ def adapters_disabled(model: nn.Module) -> Iterator[nn.Module]:
             layer.enable_adapters(True)
         for param, flag in flags:
             param.requires_grad_(flag)
+
+
+@torch.no_grad()
+def merge_adapters(model: nn.Module) -> int:
+    """Fold every peft adapter of `model` into its base layer (W + scale * B A) and put the base layer
+    back in the adapter's place, so the parameter names are the base model's again. Returns how many
+    layers were merged (0 for a model without adapters)."""
+    if not has_adapters(model):
+        return 0
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    merged = 0
+    for name, module in list(model.named_modules()):
+        if not isinstance(module, BaseTunerLayer):
+            continue
+        if module.active_adapters and not module.disable_adapters:  # a disabled adapter adds nothing
+            module.merge()
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name), child, module.get_base_layer())
+        merged += 1
+    return merged

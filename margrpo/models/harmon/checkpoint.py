@@ -37,6 +37,7 @@ QWEN_DIRS = {"harmon-1.5b": "Qwen2.5-1.5B-Instruct", "harmon-0.5b": "Qwen2.5-0.5
 VAE_FILE = "kl16.ckpt"
 TOKENIZER_FILES = (("tokenizer.json",), ("vocab.json", "merges.txt"))
 HF_GET = "huggingface-cli download wusize/Harmon-1_5B --local-dir {dir}  (or wusize/Harmon-0_5B)"
+INIT_MODEL = "; to try the pipeline without weights, `margrpo init-model harmon-tiny DIR` writes a random-init one"
 
 
 class MissingCheckpointError(FileNotFoundError):
@@ -54,7 +55,7 @@ def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtyp
     root = Path(path)
     if not root.is_dir():
         raise MissingCheckpointError(f"Harmon checkpoint: {root} is not a directory. Get the model with "
-                                     f"{HF_GET.format(dir=root)}")
+                                     f"{HF_GET.format(dir=root)}{INIT_MODEL}")
     if (root / "config.json").is_file():
         config, state, tokenizer_dir = _read_hf_layout(root, image_size)
     else:
@@ -104,7 +105,7 @@ def _read_github_layout(root: Path, image_size: int | None, preset_name: str | N
         raise MissingCheckpointError(
             f"Harmon checkpoint: {root} has neither config.json (the Hugging Face layout; get it with "
             f"{HF_GET.format(dir=root)}) nor harmon_1.5b.pth (the GitHub layout; get it with "
-            f"huggingface-cli download wusize/harmon --local-dir {root})")
+            f"huggingface-cli download wusize/harmon --local-dir {root}){INIT_MODEL}")
     weights_file = root / found[0]
     name = preset_name or GITHUB_FILES.get(weights_file.name)
     if name is None:

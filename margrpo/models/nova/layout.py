@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 
 REPO_ID = "BAAI/nova-d48w1024-sd512"
 SOURCE = (f"the official checkpoint is the Hugging Face repo {REPO_ID} (e.g. `huggingface-cli download {REPO_ID} "
-          "--local-dir DIR`); margrpo.models.nova.presets.save_preset writes random-init ones")
+          "--local-dir DIR`); `margrpo init-model nova-tiny DIR` writes a random-init one to try the pipeline")
 MODEL_INDEX = "model_index.json"
 TRANSFORMER_WEIGHTS, VAE_WEIGHTS, TEXT_WEIGHTS = "diffusion_pytorch_model", "diffusion_pytorch_model", "model"
 
