@@ -13,7 +13,8 @@ Every `eval_every` steps (and at the end) the model samples images for a fixed, 
 set of held-out prompts with the real MAR sampling loop (margrpo.rollout.generate with the settings
 of `pretrain.sampling`) and the ShapesWorld verifier scores them. The checkpoint (model.safetensors +
 config.json) and pretrain_metrics.json go to `pretrain.out` (default: backbone.checkpoint, unless that
-is a checkpoint shipped with the package). The architecture is `pretrain.arch` (TinyMARConfig).
+is a checkpoint shipped with the package, which is never overwritten), written atomically; a non-empty
+output directory is refused unless --force. The architecture is `pretrain.arch` (TinyMARConfig).
 """
 from __future__ import annotations
 
@@ -31,9 +32,10 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from margrpo.config import apply_overrides, from_dict, load_yaml
 from margrpo.checkpoints import is_builtin
+from margrpo.config import ConfigError, from_dict, load_config_file
 from margrpo.models import BackboneConfig, TinyMAR, TinyMARConfig, check_no_model_section
+from margrpo.models.directories import check_output_dir, write_directory
 from margrpo.sample import SampleConfig, generate_images
 from margrpo.testbed import CATEGORIES, balanced_prompts, evaluate, load_prompts, parse_prompt, render_batch
 
@@ -144,21 +146,24 @@ def heldout_eval(model: TinyMAR, per_category: int, sampling: SampleConfig) -> d
     return evaluate(images, prompts)
 
 
-def output_dir(backbone: BackboneConfig, config: PretrainConfig) -> Path:
-    """Where pretraining writes: pretrain.out, else backbone.checkpoint (never a shipped checkpoint)."""
+def output_dir(backbone: BackboneConfig, config: PretrainConfig, force: bool = False) -> Path:
+    """Where pretraining writes: pretrain.out, else backbone.checkpoint. Never a shipped checkpoint (by
+    name or by path), and a non-empty directory only with force (its contents are replaced)."""
     if backbone.name != "tiny":
         raise ValueError(f"backbone.name: got {backbone.name!r}, expected 'tiny' (pretraining builds the tiny MAR)")
-    if config.out is not None:
-        return Path(config.out)
-    if is_builtin(backbone.checkpoint):
+    if config.out is None and is_builtin(backbone.checkpoint):
         raise ValueError(f"pretrain.out: not set, and backbone.checkpoint is the shipped {backbone.checkpoint!r}, "
                          "which pretraining does not overwrite; set pretrain.out=DIR")
-    return Path(backbone.checkpoint)
+    key, out = ("pretrain.out", config.out) if config.out is not None else ("backbone.checkpoint", backbone.checkpoint)
+    try:
+        return check_output_dir(out, force)
+    except FileExistsError as err:
+        raise ConfigError(f"{key}: {err}") from err
 
 
-def pretrain(backbone: BackboneConfig, config: PretrainConfig) -> dict:
+def pretrain(backbone: BackboneConfig, config: PretrainConfig, force: bool = False) -> dict:
     """Train a TinyMAR from scratch, save it, and return the metrics (also saved as JSON)."""
-    out = output_dir(backbone, config)
+    out = output_dir(backbone, config, force)
     if config.threads:
         torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
@@ -215,21 +220,27 @@ def pretrain(backbone: BackboneConfig, config: PretrainConfig) -> dict:
 
 
 def save(model: TinyMAR, metrics: dict, out: Path) -> None:
-    """Write the checkpoint (model.safetensors, config.json) and pretrain_metrics.json to `out`."""
-    model.save(out)
-    (out / "pretrain_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    """Write the checkpoint (model.safetensors, config.json) and pretrain_metrics.json to `out`, replacing
+    the previous save atomically (output_dir checked `out` before training)."""
+    def write(tmp: Path) -> None:
+        model.save(tmp)
+        (tmp / "pretrain_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+
+    write_directory(out, write, force=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     """`margrpo pretrain --config FILE [key=value ...]`."""
     parser = argparse.ArgumentParser(prog="margrpo pretrain", description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="YAML config with backbone: and pretrain: sections")
+    parser.add_argument("--force", action="store_true", help="replace a non-empty output directory")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. pretrain.steps=100")
     args = parser.parse_args(argv)
-    data = apply_overrides(load_yaml(args.config), args.overrides)
+    data = load_config_file(args.config, args.overrides)
     check_no_model_section(data)
     pretrain(
         from_dict(BackboneConfig, data.get("backbone", {}), "backbone"),
         from_dict(PretrainConfig, data.get("pretrain", {}), "pretrain"),
+        force=args.force,
     )
     return 0
