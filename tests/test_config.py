@@ -53,3 +53,44 @@ def test_bad_override_and_missing_file(tmp_path):
     (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_yaml(tmp_path / "list.yaml")
+
+
+def test_relative_input_paths_resolve_beside_the_config_file(tmp_path, monkeypatch):
+    """backbone.checkpoint and the prompt files of a config file are looked up beside the file first,
+    so `--config /elsewhere/configs/x.yaml` works from any directory; output paths, paths found only
+    from the working directory, builtin: names and command-line overrides are left as written."""
+    from margrpo.train.config import load_config
+
+    configs = tmp_path / "project" / "configs"
+    (configs / "prompts").mkdir(parents=True)
+    (configs / "prompts" / "train.txt").write_text("a red circle\n")
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "eval.txt").parent.mkdir()
+    (elsewhere / "eval.txt").write_text("a red circle\n")
+    (configs / "x.yaml").write_text(
+        "backbone: {checkpoint: builtin:shapes-tiny}\n"
+        "run: {train_prompts: prompts/train.txt, eval_prompts: eval.txt, out_dir: runs/x}\n")
+    monkeypatch.chdir(elsewhere)
+    config = load_config(configs / "x.yaml")
+    assert config.run.train_prompts == str(configs / "prompts" / "train.txt")
+    assert config.run.eval_prompts == "eval.txt"  # not beside the file: the working directory's
+    assert config.run.out_dir == "runs/x" and config.backbone.checkpoint == "builtin:shapes-tiny"
+    assert load_config(configs / "x.yaml", ["run.train_prompts=prompts/train.txt"]).run.train_prompts == "prompts/train.txt"
+    monkeypatch.chdir(configs)  # the same file from both: unchanged (a resumed run compares the text)
+    assert load_config(configs / "x.yaml").run.train_prompts == "prompts/train.txt"
+
+
+def test_a_config_file_trains_from_another_directory(tmp_path, monkeypatch):
+    import shutil
+
+    from margrpo.checkpoints import resolve_checkpoint
+    from margrpo.train.trainer import Trainer
+
+    configs = tmp_path / "configs"
+    shutil.copytree(resolve_checkpoint("builtin:shapes-tiny"), configs / "model")
+    (configs / "prompts.txt").write_text("a red circle\ntwo blue squares\n")
+    (configs / "t.yaml").write_text("backbone: {checkpoint: model}\nrun: {train_prompts: prompts.txt, device: cpu}\n")
+    monkeypatch.chdir(tmp_path.parent)
+    trainer = Trainer.from_files(configs / "t.yaml", create_run_dir=False)
+    assert trainer.train_prompts == ["a red circle", "two blue squares"]
+    assert trainer.config.backbone.checkpoint == str(configs / "model")

@@ -133,3 +133,31 @@ def test_missing_nova_and_harmon_checkpoints_point_to_init_model(tmp_path):
     for family in ("nova", "harmon"):
         with pytest.raises(FileNotFoundError, match=f"margrpo init-model {family}-tiny DIR"):
             load_backbone(BackboneConfig(name=family, checkpoint=str(tmp_path / "absent")))
+
+
+def test_model_directories_never_replace_a_shipped_checkpoint_or_a_non_empty_one(tmp_path):
+    from margrpo.checkpoints import BUILTIN_DIR
+    from margrpo.models.directories import write_directory
+    from margrpo.train import pretrain
+
+    shipped = BUILTIN_DIR / "shapes-tiny"
+    for backbone, settings in [(BackboneConfig(checkpoint=str(shipped)), pretrain.PretrainConfig()),
+                               (BackboneConfig(), pretrain.PretrainConfig(out=str(shipped)))]:
+        with pytest.raises(ValueError, match="inside the package's shipped checkpoints"):
+            pretrain.output_dir(backbone, settings, force=True)
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "old.txt").write_text("x")
+    with pytest.raises(ConfigError, match="pretrain.out: .*taken: directory is not empty; pass --force"):
+        pretrain.output_dir(BackboneConfig(), pretrain.PretrainConfig(out=str(taken)))
+    assert pretrain.output_dir(BackboneConfig(), pretrain.PretrainConfig(out=str(taken)), force=True) == taken
+
+    def fail(tmp):
+        (tmp / "partial").write_text("half")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError, match="disk full"):  # a failed write leaves the old directory alone
+        write_directory(taken, fail, force=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"] and (taken / "old.txt").is_file()
+    write_directory(taken, lambda tmp: (tmp / "new.txt").write_text("y"), force=True)
+    assert sorted(p.name for p in taken.iterdir()) == ["new.txt"]
