@@ -206,9 +206,9 @@ def test_cli_prints_a_config_error_and_exits_2(capsys):
 def test_eval_names_a_missing_or_wrong_checkpoint(tmp_path, capsys):
     config = str(ROOT / "tests" / "empty.yaml")
     assert cli.main(["eval", "--config", config, "--checkpoint", str(tmp_path / "nope")]) == 2
-    assert "no such directory" in capsys.readouterr().err
+    assert "nope: no such file or directory" in capsys.readouterr().err
     model_dir = tmp_path / "model"
     model_dir.mkdir()
-    (model_dir / "config.json").write_text("{}")
+    (model_dir / "config.json").write_text("{}")  # neither a run checkpoint nor any family's model directory
     assert cli.main(["eval", "--config", config, "--checkpoint", str(model_dir)]) == 2
-    assert "not a training checkpoint" in capsys.readouterr().err
+    assert "neither a run checkpoint (a step-XXXXXXXX directory" in capsys.readouterr().err
