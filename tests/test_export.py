@@ -112,7 +112,7 @@ def test_lora_is_merged_into_the_base_weights(lora_run, base, tmp_path):
     weights = load_file(str(out / "model.safetensors"))
     assert weights.keys() == load_file(str(base / "model.safetensors")).keys()  # no lora_* / base_layer names
     exported = load_backbone(BackboneConfig(name="tiny", checkpoint=str(out)))
-    torch.testing.assert_close(tokens(exported), tokens(trainer.policy), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(tokens(exported), tokens(trainer.policy), rtol=1e-3, atol=2e-3)  # float32 merge
     # restoring without merging gives the in-training policy exactly
     checkpoint = run_checkpoint(run)
     unmerged = restore_policy(checkpoint, trainer_config(checkpoint, None, [])[0], merge=False)
@@ -155,7 +155,7 @@ def test_the_config_comes_from_the_checkpoint_else_run_dir_else_config_option(em
     assert trainer_config(bare, str(given), ["run.ema_decay=0.25"])[0].run.ema_decay == 0.25
 
 
-def test_sample_and_eval_take_a_run_a_checkpoint_or_a_model_directory(ema_run, tmp_path, capsys):
+def test_sample_and_eval_take_a_run_a_checkpoint_or_a_model_directory(ema_run, lora_run, tmp_path, capsys):
     run, _ = ema_run
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a red circle\n")
@@ -168,8 +168,9 @@ def test_sample_and_eval_take_a_run_a_checkpoint_or_a_model_directory(ema_run, t
         assert (out / "grid.png").is_file()
     assert cli.main(["eval", "--checkpoint", str(exported), "run.device=cpu"]) == 0
     assert "heldout/reward=" in capsys.readouterr().out
-    assert cli.main(["eval", "--checkpoint", str(run), "run.device=cpu"]) == 0
-    assert "heldout/reward=" in capsys.readouterr().out
+    for source in (run, lora_run[0]):  # a LoRA run: merged, then the trainer adds its own (identity) adapters
+        assert cli.main(["eval", "--checkpoint", str(source), "run.device=cpu"]) == 0
+        assert "heldout/reward=" in capsys.readouterr().out
 
 
 def test_checkpoint_errors_say_what_was_expected(ema_run, tmp_path, capsys):

@@ -109,9 +109,10 @@ def test_lora_merge_generates_what_the_adapted_policy_does(name, rank, options, 
     adapted = restore_policy(ckpt.latest(tmp_path / "run" / "checkpoints"), config, merge=False)
     assert lora_utils.has_adapters(adapted)
     expected = tokens(adapted, family)
-    torch.testing.assert_close(tokens(exported, family), expected, rtol=1e-4, atol=1e-4)
+    # float32 merge rounding, amplified along the sampling chain: close, not equal
+    torch.testing.assert_close(tokens(exported, family), expected, rtol=1e-3, atol=2e-3)
     original = load_backbone(BackboneConfig(name=family, checkpoint=str(written[name])))
-    assert (tokens(original, family) - expected).abs().max() > 1e-3  # the adapters change the samples
+    assert (tokens(original, family) - expected).abs().max() > 0.05  # the adapters change the samples
 
 
 def test_init_model_errors_and_help(written, tmp_path, capsys):

@@ -126,4 +126,7 @@ def merge_adapters(model: nn.Module) -> int:
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name), child, module.get_base_layer())
         merged += 1
+    for module in model.modules():  # injection's record of the adapters, which are gone now
+        if "peft_config" in vars(module):
+            del module.peft_config
     return merged
