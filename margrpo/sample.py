@@ -21,7 +21,7 @@ from typing import Literal
 import torch
 from PIL import Image, ImageDraw
 
-from margrpo.config import apply_overrides, from_dict, load_yaml
+from margrpo.config import ConfigError, apply_overrides, from_dict, load_yaml
 from margrpo.models import BackboneConfig, MARBackbone, check_no_model_section, load_backbone
 from margrpo.rollout import RolloutConfig, generate
 
@@ -84,11 +84,17 @@ def stack_rows(rows: list[Image.Image]) -> Image.Image:
 
 
 def read_prompts(path: str | Path) -> list[str]:
-    """Non-empty lines of a prompt file; a missing or empty file is an error naming it."""
+    """The prompts of a prompt file (plain text, one per line, or .jsonl: margrpo.prompt_files); a
+    missing or empty file is an error naming it."""
+    from margrpo.prompt_files import PromptFileError, read_prompt_records
+
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"--prompts: {path} does not exist")
-    prompts = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    try:
+        prompts = [record.prompt for record in read_prompt_records(path)]
+    except PromptFileError as err:  # a bad .jsonl line: the message names the file, line and key
+        raise ConfigError(f"--prompts: {err}") from err
     if not prompts:
         raise ValueError(f"--prompts: {path} holds no prompts (expected one prompt per line)")
     return prompts
@@ -111,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     """`margrpo sample --config FILE --prompts FILE --out DIR [...]` (see the module docstring)."""
     parser = argparse.ArgumentParser(prog="margrpo sample", description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="YAML config (backbone:, and rollout: or pretrain.sampling)")
-    parser.add_argument("--prompts", required=True, help="text file, one prompt per line")
+    parser.add_argument("--prompts", required=True, help="text file, one prompt per line, or .jsonl with metadata")
     parser.add_argument("--out", required=True, help="output directory for the PNG grids")
     parser.add_argument("--checkpoint", help="checkpoint directory (default: the config's backbone.checkpoint)")
     parser.add_argument("--device", default="auto", help="cpu, cuda, ... (default auto: cuda when available)")
