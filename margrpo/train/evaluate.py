@@ -32,19 +32,26 @@ def verifier_summary(images: torch.Tensor, prompts: list[str]) -> dict[str, floa
 
 
 def main(argv: list[str] | None = None) -> int:
-    """margrpo eval --config FILE [--checkpoint DIR] [key=value ...]: held-out verifier scores."""
+    """margrpo eval --config FILE [--checkpoint DIR] [--suite NAME ...] [key=value ...]: held-out scores
+    (the verifier's, or the mean reward), or a benchmark suite's per category (margrpo.eval_suites)."""
+    from margrpo.eval_suites import run as suites
+
     from .trainer import Trainer
 
     parser = argparse.ArgumentParser(prog="margrpo eval", description=main.__doc__)
     parser.add_argument("--config", required=True)
     parser.add_argument("--checkpoint", default=None, help="a run's checkpoint dir (default: the config's backbone)")
     parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args(argv)
+    suites.add_arguments(parser)
+    args = parser.parse_intermixed_args(argv)
     if args.checkpoint:
         _check_checkpoint_dir(Path(args.checkpoint))
     trainer = Trainer.from_files(args.config, args.overrides + ["run.resume=never"], create_run_dir=False)
     if args.checkpoint:
         trainer.load_checkpoint(args.checkpoint, weights_only=True)
+    if args.suite:
+        suites.run_suite(trainer, args)
+        return 0
     summary = trainer.evaluate(step=trainer.step, log=False)
     print("  ".join(f"{k}={v:.3f}" for k, v in summary.items()))
     return 0
