@@ -39,10 +39,10 @@ def corners(box: torch.Tensor) -> torch.Tensor:
 def crop(image: torch.Tensor, box: Box, size: int) -> torch.Tensor:
     """The box's pixels of image [3, H, W] (at least one pixel), resized to size x size."""
     h, w = image.shape[-2:]
-    x1 = min(max(int(box.x1 * w), 0), w - 1)
-    y1 = min(max(int(box.y1 * h), 0), h - 1)
-    x2 = max(min(int(round(box.x2 * w)), w), x1 + 1)
-    y2 = max(min(int(round(box.y2 * h)), h), y1 + 1)
+    x1 = min(max(round(box.x1 * w), 0), w - 1)
+    y1 = min(max(round(box.y1 * h), 0), h - 1)
+    x2 = max(min(round(box.x2 * w), w), x1 + 1)
+    y2 = max(min(round(box.y2 * h), h), y1 + 1)
     region = image[None, :, y1:y2, x1:x2]
     return F.interpolate(region, size=(size, size), mode="bilinear", align_corners=False, antialias=True)[0]
 
@@ -57,14 +57,16 @@ class GenEvalScorer:
         from margrpo.rewards.hf_clip import HFClip
 
         self.device, self.dtype = torch.device(device or default_device()), as_dtype(dtype)
-        detector_spec = replace(SPEC, option="--detector")
+        detector_spec = replace(SPEC, reward="geneval detector", option="--detector")
         directory = resolve(detector_spec, detector, kind="dir")
         require_files(detector_spec, directory, ["config.json", "preprocessor_config.json",
                                                  ("tokenizer.json", "vocab.txt")])
         # every word of a class name counts ("hot dog": hot and dog), as the class is one query
         self.detector = GroundingDinoReward(path=str(directory), box_threshold=box_threshold, phrase_tokens="all",
                                             device=str(self.device), dtype=self.dtype)
-        self.clip = HFClip(CLIP_SPEC, resolve(CLIP_SPEC, clip, kind="dir"), None, self.device, self.dtype)
+        clip_dir = resolve(CLIP_SPEC, clip, kind="dir")
+        require_files(CLIP_SPEC, clip_dir, ["config.json", "preprocessor_config.json", ("tokenizer.json", "vocab.json")])
+        self.clip = HFClip(CLIP_SPEC, clip_dir, None, self.device, self.dtype)
         self.box_threshold, self.nms_iou, self.margin = box_threshold, nms_iou, margin
         self._color_texts: dict[str, torch.Tensor] = {}
 
