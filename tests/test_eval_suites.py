@@ -217,7 +217,7 @@ def test_eval_shapes_suite_is_the_default_heldout_evaluation(tmp_path, tiny_chec
     assert evaluate.main(common) == 0
     default = dict(kv.split("=") for kv in capsys.readouterr().out.split())
     out = tmp_path / "shapes.json"
-    assert evaluate.main([*common, "--suite", "shapes", "--per-category", "1", "--out", str(out)]) == 0
+    assert evaluate.main([*common, "--suite", "shapes", "--out", str(out)]) == 0  # run.eval_per_category
     report = json.loads(out.read_text())
     assert {f"heldout/{k}": f"{v:.3f}" for k, v in report["scores"].items()} == default
     assert report["images"]["overall"] == len(SHAPES_CATEGORIES)  # one prompt of each, one sample

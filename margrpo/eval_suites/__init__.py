@@ -28,7 +28,7 @@ class Suite(abc.ABC):
     """A named prompt set (`prompts`) and its scorer (`score`); the constructor takes the scorer's options."""
 
     name = "suite"
-    default_per_category = 4
+    default_per_category: int | None = None  # None: run.eval_per_category
 
     @abc.abstractmethod
     def prompts(self, per_category: int, seed: int) -> list[PromptRecord]:
@@ -42,7 +42,7 @@ class Suite(abc.ABC):
 class ShapesSuite(Suite):
     """The ShapesWorld held-out split, `per_category` prompts of each grammar category, scored by the verifier."""
 
-    name = "shapes"
+    name = "shapes"  # per category: run.eval_per_category by default, as the trainer's held-out evaluation
 
     def prompts(self, per_category: int, seed: int) -> list[PromptRecord]:
         from margrpo.testbed import balanced_prompts, parse_prompt

@@ -12,13 +12,14 @@ from pathlib import Path
 
 from margrpo.config import ConfigError
 
-from . import SUITES, SuiteReport, build_suite
+from . import SUITES, SuiteReport, build_suite, suite_options
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("suites")
     group.add_argument("--suite", choices=list(SUITES), help="score a benchmark suite, reported per category")
-    group.add_argument("--per-category", type=int, help="prompts per category (default: the suite's)")
+    group.add_argument("--per-category", type=int,
+                       help="prompts per category (default: geneval 50, shapes run.eval_per_category)")
     group.add_argument("--samples-per-prompt", type=int, help="images per prompt (default run.eval_samples_per_prompt)")
     group.add_argument("--prompts", help="a .jsonl prompt file to score instead of the suite's prompts (geneval)")
     group.add_argument("--detector", help="geneval: the GroundingDINO directory (Hugging Face layout)")
@@ -26,8 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--out", help="where to write the JSON report (default eval-<suite>.json)")
 
 
-def suite_records(suite, args: argparse.Namespace, seed: int):
-    """The prompts to score: --prompts, else the suite's own (--per-category of each category)."""
+def suite_records(suite, args: argparse.Namespace, run):
+    """The prompts to score: --prompts, else the suite's own (--per-category of each category; default
+    the suite's, or run.eval_per_category for a suite without one), seeded by run.eval_seed."""
     from margrpo.prompt_files import PromptFileError, read_prompt_records
 
     if args.prompts:
@@ -38,10 +40,11 @@ def suite_records(suite, args: argparse.Namespace, seed: int):
         if not records:
             raise ConfigError(f"--prompts: {args.prompts} holds no prompt")
         return records
-    per_category = suite.default_per_category if args.per_category is None else args.per_category
+    per_category = suite.default_per_category or run.eval_per_category
+    per_category = per_category if args.per_category is None else args.per_category
     if per_category < 1:
         raise ConfigError(f"--per-category: got {per_category}, expected an integer >= 1")
-    return suite.prompts(per_category, seed)
+    return suite.prompts(per_category, run.eval_seed)
 
 
 def run_suite(trainer, args: argparse.Namespace) -> SuiteReport:
@@ -51,13 +54,13 @@ def run_suite(trainer, args: argparse.Namespace) -> SuiteReport:
     run = trainer.config.run
     options = {"detector": args.detector, "clip": args.clip}
     options = {k: v for k, v in options.items() if v is not None}
-    if args.suite == "geneval":
+    if "device" in suite_options(args.suite):  # a scorer with models runs where the policy does
         options["device"] = str(trainer.device)
     try:
         suite = build_suite(args.suite, **options)
     except ValueError as err:
         raise ConfigError(f"--suite {args.suite}: {err}") from err
-    records = suite_records(suite, args, run.eval_seed)
+    records = suite_records(suite, args, run)
     samples = run.eval_samples_per_prompt if args.samples_per_prompt is None else args.samples_per_prompt
     if samples < 1:
         raise ConfigError(f"--samples-per-prompt: got {samples}, expected an integer >= 1")
