@@ -88,11 +88,17 @@ def stack_rows(rows: list[Image.Image]) -> Image.Image:
 
 
 def read_prompts(path: str | Path) -> list[str]:
-    """Non-empty lines of a prompt file; a missing or empty file is an error naming it."""
+    """The prompts of a prompt file (plain text, one per line, or .jsonl: margrpo.prompt_files); a
+    missing or empty file is an error naming it."""
+    from margrpo.prompt_files import PromptFileError, read_prompt_records
+
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"--prompts: {path} does not exist")
-    prompts = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    try:
+        prompts = [record.prompt for record in read_prompt_records(path)]
+    except PromptFileError as err:  # a bad .jsonl line: the message names the file, line and key
+        raise ConfigError(f"--prompts: {err}") from err
     if not prompts:
         raise ValueError(f"--prompts: {path} holds no prompts (expected one prompt per line)")
     return prompts
@@ -116,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="margrpo sample", description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="YAML config (backbone:, and rollout: or pretrain.sampling); default: the "
                         "config saved with --checkpoint")
-    parser.add_argument("--prompts", required=True, help="text file, one prompt per line")
+    parser.add_argument("--prompts", required=True, help="text file, one prompt per line, or .jsonl with metadata")
     parser.add_argument("--out", required=True, help="output directory for the PNG grids")
     parser.add_argument("--checkpoint", help="a run checkpoint (<run>/checkpoints/step-*), a run directory (its newest), "
                         "or a model directory of any family (default: the config's backbone.checkpoint)")

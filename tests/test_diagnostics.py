@@ -96,8 +96,8 @@ def test_train_step_reports_the_zero_variance_fraction(tmp_path, tiny_checkpoint
     metrics = trainer.train_step()
     assert metrics["zero_variance_fraction"] == 0.0  # a continuous reward never ties
     # a reward that ignores the image: every group is flat
-    trainer.reward = lambda images, prompts: type("R", (), {"total": torch.zeros(len(prompts)),
-                                                          "log_values": lambda self, prefix: {}})()
+    trainer.reward = lambda images, prompts, metadata: type("R", (), {"total": torch.zeros(len(prompts)), "raw": {},
+                                                                    "log_values": lambda self, prefix: {}})()
     trainer.step = 1
     assert trainer.train_step()["zero_variance_fraction"] == 1.0
 

@@ -11,14 +11,14 @@ is built, so this package imports with torch alone. Weights come from local path
 reward's `path` option or $MARGRPO_WEIGHTS_DIR in the layout each reward documents.
 """
 from . import aesthetic, clip_score, git_vqa, grounding_dino, hps, image_reward, jpeg, shapes  # noqa: F401 (registration)
-from .base import Metadata, Reward, to_unit_float
+from .base import Metadata, MissingMetadataError, Reward, to_unit_float
 from .client import RemoteReward, RewardServiceError
 from .registry import available_rewards, build_reward, register, reward_class, reward_options
 from .weighting import NORMALIZATIONS, RewardResult, RewardTerm, WeightedReward, build_rewards
 from .weights import WEIGHTS_DIR_ENV, CorruptWeightsError, MissingWeightsError
 
 __all__ = [
-    "CorruptWeightsError", "Metadata", "MissingWeightsError", "NORMALIZATIONS", "RemoteReward", "Reward",
+    "CorruptWeightsError", "Metadata", "MissingMetadataError", "MissingWeightsError", "NORMALIZATIONS", "RemoteReward", "Reward",
     "RewardResult", "RewardServiceError", "RewardTerm", "WEIGHTS_DIR_ENV", "WeightedReward", "available_rewards",
     "build_reward", "build_rewards", "register", "reward_class", "reward_options", "to_unit_float",
 ]

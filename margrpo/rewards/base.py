@@ -3,7 +3,9 @@
 Every reward takes float images in [0, 1] or uint8 images, [B, 3, H, W], moves them to its own
 device, runs without autograd in its own dtype, and returns float32 scores [B] on its device.
 Subclasses implement `score` on already validated float images; `__call__` does the checks and the
-optional splitting of large batches into chunks of `batch_size`.
+optional splitting of large batches into chunks of `batch_size`. A reward whose score is read from
+per-image metadata (`needs_metadata`) refuses a call without any (MissingMetadataError) rather than
+scoring every image alike.
 """
 from __future__ import annotations
 
@@ -70,6 +72,10 @@ def check_batch(images: torch.Tensor, prompts: Sequence[str], metadata: Metadata
     return list(metadata)
 
 
+class MissingMetadataError(ValueError):
+    """A reward that scores from per-image metadata was called with none."""
+
+
 class Reward(abc.ABC):
     """Base class of every reward. Subclasses set `name` and implement `score`.
 
@@ -80,6 +86,9 @@ class Reward(abc.ABC):
     """
 
     name: str = "reward"
+    # True when the score comes from per-image metadata (objects, counts, relations): without it
+    # every image would get the same score, which gives GRPO no advantage
+    needs_metadata: bool = False
 
     def __init__(self, device: str | torch.device | None = None, dtype: torch.dtype | str = torch.float32,
                  batch_size: int | None = None) -> None:
@@ -95,6 +104,11 @@ class Reward(abc.ABC):
 
     def __call__(self, images: torch.Tensor, prompts: Sequence[str], metadata: Metadata | None = None) -> torch.Tensor:
         """Score a batch: images [B, 3, H, W] (uint8, or float in [0, 1]) -> float32 [B] on self.device."""
+        if metadata is None and self.needs_metadata:
+            raise MissingMetadataError(
+                f"{self.name}: got no metadata; this reward scores the objects, counts and relations named in "
+                "per-image metadata (margrpo.rewards.compbench), without which every image scores alike. Give "
+                "prompts as a .jsonl prompt file with 'objects' (and 'position'), see margrpo.prompt_files")
         meta = check_batch(images, prompts, metadata)
         prompts = list(prompts)
         step = self.batch_size or max(images.shape[0], 1)

@@ -8,6 +8,8 @@ questions. Questions, per image (compbench.py metadata, the T2I-R1 / MAR-GRPO ru
   - no nouns and no attr_nouns: no_nouns='one' (default, the MAR-GRPO reference) scores 1 without
     asking; no_nouns='ask_prompt' asks about the prompt itself, "{prompt}?", so that plain prompts
     without metadata still get an image-dependent score.
+With no_nouns='one' a call without any metadata is refused (MissingMetadataError): every image would
+score 1.
 The reference falls back to the nouns only when attr_nouns is absent (None); an empty attr_nouns
 list makes its mean over no questions NaN. Here an empty list counts as absent.
 All questions of a batch run as one padded batch (right padding; the text is causal, so padding
@@ -53,6 +55,7 @@ class GitVQAReward(Reward):
         if no_nouns not in NO_NOUNS:
             raise ValueError(f"no_nouns: got {no_nouns!r}, expected one of {', '.join(NO_NOUNS)}")
         self.no_nouns = no_nouns
+        self.needs_metadata = no_nouns == "one"  # 'ask_prompt' scores plain prompts too
         directory = resolve(SPEC, path, kind="dir")
         require_files(SPEC, directory, ["preprocessor_config.json", ("tokenizer.json", "vocab.txt")])
         from transformers import AutoTokenizer, GitForCausalLM  # the rewards extra; needed from here on

@@ -141,6 +141,8 @@ class GroundingDinoReward(Reward):
     """T2I-CompBench-style detection score in [0, 1]. path: the GroundingDINO directory;
     nms_boxes: 'cxcywh' (reference) or 'xyxy'; phrase_tokens: 'first_last' (reference) or 'all'."""
 
+    needs_metadata = True
+
     def __init__(self, path: str | None = None, box_threshold: float = 0.3, near_distance: float = 0.3,
                  nms_boxes: str = "cxcywh", phrase_tokens: str = "first_last", device: str | None = None,
                  dtype: torch.dtype | str = torch.float32, batch_size: int | None = None) -> None:

@@ -57,6 +57,7 @@ class RunConfig:
     keep_last: int = 2
     resume: Literal["auto", "never"] = "auto"
     max_bad_steps: int = 5  # consecutive skipped (non-finite) steps before stopping
+    flat_reward_warn_steps: int = 10  # warn when a reward gives no within-group variance this many steps in a row
     log_every: int = 1
     tensorboard: bool = True
     wandb: bool = False
@@ -197,6 +198,7 @@ RULES = (
     Rule("run.save_every", _at_least(0), "an integer >= 0 (0: save only at the end and on a signal)"),
     Rule("run.keep_last", _at_least(0), "an integer >= 0 (0: keep every checkpoint)"),
     Rule("run.max_bad_steps", _at_least(1), "an integer >= 1"),
+    Rule("run.flat_reward_warn_steps", _at_least(0), "an integer >= 0 (0: never warn)"),
     Rule("run.log_every", _at_least(1), "an integer >= 1"),
     Rule("run.ema_decay", lambda v, c: finite(v) and 0 <= v < 1, "a number in [0, 1) (0: no EMA)"),
     Rule("run.eval_ema", lambda v, c: not v or c.run.ema_decay > 0, "false, or true with run.ema_decay > 0"),

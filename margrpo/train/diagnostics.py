@@ -113,11 +113,13 @@ class Diagnosis:
         return "\n".join(lines)
 
 
-def _fresh_rewards(trainer, prompts: list[str], samples: int, seed: int) -> torch.Tensor:
+def _fresh_rewards(trainer, prompts: list[str], samples: int, seed: int,
+                   metadata: list[dict] | None = None) -> torch.Tensor:
     from .evaluate import generate_images
 
     expanded, images = generate_images(trainer.policy, trainer.sampler, trainer.config.rollout, prompts, samples, seed)
-    return trainer.reward(images, expanded).total.double().cpu()
+    expanded_meta = None if metadata is None else [m for m in metadata for _ in range(samples)]
+    return trainer.reward(images, expanded, expanded_meta).total.double().cpu()
 
 
 def _step_gradient(trainer, step: int) -> list[torch.Tensor]:
@@ -183,7 +185,8 @@ def diagnose(trainer, etas=(0.0, 1e-4, 3e-4, 1e-3, 3e-3), samples_per_prompt: in
     """Run the four checks on the trainer's next step (its prompts and seeds); the policy's weights
     are restored afterwards and its optimizer is not touched."""
     prompts, rollout = trainer.rollout(trainer.step)
-    rewards = trainer.reward(rollout.images, prompts).total.float()
+    metadata = trainer.step_metadata(trainer.step)
+    rewards = trainer.reward(rollout.images, prompts, metadata).total.float()
     diagnosis = Diagnosis(
         recorded_logp_error=recorded_logp_error(rollout),
         first_update_log_ratio=first_update_log_ratio(trainer, rollout),
@@ -198,6 +201,8 @@ def diagnose(trainer, etas=(0.0, 1e-4, 3e-4, 1e-3, 3e-3), samples_per_prompt: in
     rms = flat.pow(2).mean().sqrt().clamp_min(1e-30)
     directions = {"gradient (unit RMS)": [g / rms for g in grads], "gradient sign (Adam's first step)": [g.sign() for g in grads]}
     unique = list(dict.fromkeys(prompts))
+    by_prompt = None if metadata is None else dict(zip(prompts, metadata))
+    unique_meta = None if by_prompt is None else [by_prompt[p] for p in unique]
     start = [p.detach().clone() for p in params]
     try:
         for name, direction in directions.items():
@@ -206,7 +211,7 @@ def diagnose(trainer, etas=(0.0, 1e-4, 3e-4, 1e-3, 3e-3), samples_per_prompt: in
                 with torch.no_grad():
                     for p, p0, d in zip(params, start, direction):
                         p.copy_(p0 - eta * d)  # the loss decreases along -gradient
-                per_eta.append(_fresh_rewards(trainer, unique, samples_per_prompt, scan_seed))
+                per_eta.append(_fresh_rewards(trainer, unique, samples_per_prompt, scan_seed, unique_meta))
             base = per_eta[0]
             diffs = [r - base for r in per_eta]
             diagnosis.scans.append(StepScan(

@@ -35,7 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     """margrpo eval [--config FILE] [--checkpoint PATH] [key=value ...]: held-out verifier scores (or the
     configured reward) of a model. --checkpoint: a run checkpoint (<run>/checkpoints/step-*), a run
     directory (its newest), or a model directory of any family (official, exported, init-model). The
-    settings come from --config, else the config saved with the checkpoint."""
+    settings come from --config, else the config saved with the checkpoint. --suite NAME: a benchmark
+    suite's scores per category instead (margrpo.eval_suites)."""
+    from margrpo.eval_suites import run as suites
+
     from .config import TrainerConfig
     from .restore import command_settings, restore_policy, trainer_config
     from .trainer import Trainer
@@ -45,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint", default=None, help="a run checkpoint, a run directory, or a model directory "
                         "(default: the config's backbone.checkpoint)")
     parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args(argv)
+    suites.add_arguments(parser)
+    args = parser.parse_intermixed_args(argv)
     data, run_checkpoint = command_settings(args.config, args.checkpoint, args.overrides)
     config = from_dict(TrainerConfig, apply_overrides(data, ["run.resume=never"]))
     policy = None
@@ -56,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
         trainer = Trainer(config, create_run_dir=False, policy=policy)
     except FileNotFoundError as err:  # a model directory that is missing a file: the message names it
         raise ConfigError(str(err)) from err
+    if args.suite:
+        suites.run_suite(trainer, args)
+        return 0
     summary = trainer.evaluate(step=trainer.step, log=False)
     print("  ".join(f"{k}={v:.3f}" for k, v in summary.items()))
     return 0

@@ -129,7 +129,9 @@ class Trainer:
             reduce_gradients=(lambda module: None) if self.sharded else dist_utils.average_gradients,
         )
         self.reward = self._build_reward()
-        self.train_prompts, self.eval_prompts = self._load_prompts()
+        (self.train_prompts, self.train_metadata), (self.eval_prompts, self.eval_metadata) = self._load_prompts()
+        self._check_metadata()
+        self.flat_steps = {term.name: 0 for term in self.reward.terms}  # steps in a row without within-group variance
         self.prompt_groups = self._prompt_groups()
         self.optimizer, self.scheduler = self._build_optimizer()
         self.tracker = adv_mod.PromptTracker() if config.grpo.advantage == "tracker" else None
@@ -216,21 +218,44 @@ class Trainer:
             raise ConfigError(f"rewards: {err.args[0] if isinstance(err, KeyError) else err}") from err
 
     def _load_prompts(self):
-        from margrpo.testbed.splits import balanced_prompts, load_prompts, read_prompt_file
+        """((train prompts, their metadata), (held-out prompts, their metadata)); metadata None when
+        the prompts carry none (plain-text files, the ShapesWorld splits)."""
+        from margrpo.prompt_files import PromptFileError, prompts_and_metadata, read_prompt_records
+        from margrpo.testbed.splits import balanced_prompts, load_prompts
 
         run = self.config.run
 
-        def read(key: str, path: str) -> list[str]:
+        def read(key: str, path: str):
             if not Path(path).is_file():
                 raise ConfigFileNotFoundError(f"run.{key}: prompt file not found: {path}")
-            prompts = read_prompt_file(path)
-            if not prompts:
+            try:
+                records = read_prompt_records(path)
+            except PromptFileError as err:
+                raise ConfigError(f"run.{key}: {err}") from err
+            if not records:
                 raise ConfigError(f"run.{key}: {path} holds no prompt (expected one per non-empty line)")
-            return prompts
+            return prompts_and_metadata(records)
 
-        train = read("train_prompts", run.train_prompts) if run.train_prompts else load_prompts("train")
-        heldout = read("eval_prompts", run.eval_prompts) if run.eval_prompts else balanced_prompts("heldout", run.eval_per_category)
+        train = read("train_prompts", run.train_prompts) if run.train_prompts else (load_prompts("train"), None)
+        heldout = (read("eval_prompts", run.eval_prompts) if run.eval_prompts
+                   else (balanced_prompts("heldout", run.eval_per_category), None))
         return train, heldout
+
+    def _check_metadata(self) -> None:
+        """A reward that scores from per-prompt metadata needs prompts that carry it: said before any work."""
+        needing = [t.name for t in self.reward.terms if getattr(t.reward, "needs_metadata", False)]
+        if not needing:
+            return
+        # the held-out evaluation scores with the rewards unless the ShapesWorld verifier does it
+        files = [("train_prompts", self.train_metadata)]
+        if "shapes" not in self.config.rewards:
+            files.append(("eval_prompts", self.eval_metadata))
+        for key, metadata in files:
+            if metadata is None:
+                raise ConfigError(
+                    f"run.{key}: reward(s) {', '.join(needing)} score the objects, counts and relations named in "
+                    f"per-prompt metadata, and {getattr(self.config.run, key) or 'the ShapesWorld split'} carries "
+                    "none; give a .jsonl prompt file with 'objects' (and 'position') per prompt (docs/USING.md)")
 
     def _prompt_groups(self) -> list[list[int]]:
         """Indices of the train prompts, one list per group a step draws from uniformly (run.train_prompt_mix)."""
@@ -255,6 +280,22 @@ class Trainer:
 
         Prompt draws and seeds depend only on (run seed, step, global slot), never on the rank, so a
         run over W ranks samples exactly what one process would, and no two samples share noise."""
+        picks, slots = self._step_picks(step)
+        g = self.config.grpo
+        prompts = [self.train_prompts[picks[s]] for s in slots for _ in range(g.group_size)]
+        seeds = [sample_seed(self.config.run.seed, step, s, i) for s in slots for i in range(g.group_size)]
+        return prompts, seeds, slots
+
+    def step_metadata(self, step: int) -> list[dict] | None:
+        """The reward metadata of this rank's samples at `step` (as _step_prompts orders them), or None
+        when the train prompts carry none."""
+        if self.train_metadata is None:
+            return None
+        picks, slots = self._step_picks(step)
+        return [self.train_metadata[picks[s]] for s in slots for _ in range(self.config.grpo.group_size)]
+
+    def _step_picks(self, step: int) -> tuple[list[int], list[int]]:
+        """(train prompt index of every global slot, this rank's global slots) at `step`."""
         g = self.config.grpo
         total = g.prompts_per_step * self.world
         rng = torch.Generator().manual_seed(self.config.run.seed * 1_000_003 + step)
@@ -265,9 +306,7 @@ class Trainer:
             within = torch.rand(total, generator=rng, dtype=torch.float64).tolist()
             picks = [self.prompt_groups[k][int(u * len(self.prompt_groups[k]))] for k, u in zip(kinds, within)]
         slots = list(range(self.rank * g.prompts_per_step, (self.rank + 1) * g.prompts_per_step))
-        prompts = [self.train_prompts[picks[s]] for s in slots for _ in range(g.group_size)]
-        seeds = [sample_seed(self.config.run.seed, step, s, i) for s in slots for i in range(g.group_size)]
-        return prompts, seeds, slots
+        return picks, slots
 
     def rollout(self, step: int):
         """(prompts, Rollout) of training step `step`: its prompts, seeds and recording plan, with the
@@ -327,9 +366,10 @@ class Trainer:
         timings["time/rollout"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        result = self.reward(rollout.images, prompts)
+        result = self.reward(rollout.images, prompts, self.step_metadata(step))
         rewards = result.total.float().to(self.device)
         timings["time/reward"] = time.perf_counter() - t0
+        self._watch_flat_rewards(result.raw)
         all_rewards = dist_utils.all_gather_cat(rewards)  # the batch statistics cover every rank
         metrics = {k: v for k, v in result.log_values("reward").items() if not k.startswith("reward/total")}
         metrics.update({"reward_mean": all_rewards.mean().item(), "reward_std": all_rewards.std(unbiased=False).item()})
@@ -371,6 +411,19 @@ class Trainer:
         metrics["images_per_s"] = len(prompts) * self.world / max(total_time, 1e-9)
         return metrics
 
+    def _watch_flat_rewards(self, raw: dict[str, torch.Tensor]) -> None:
+        """Count, per reward term, the steps in a row whose every group scored all its samples alike (no
+        advantage for GRPO); say so on stderr when a count reaches run.flat_reward_warn_steps."""
+        every = self.config.run.flat_reward_warn_steps
+        for name, scores in raw.items():
+            flat = adv_mod.zero_variance_groups(dist_utils.all_gather_cat(scores.float().to(self.device)),
+                                                self.config.grpo.group_size).all().item()
+            self.flat_steps[name] = self.flat_steps.get(name, 0) + 1 if flat else 0
+            if every and self.flat_steps[name] == every and self.is_main:
+                print(f"[margrpo] step {self.step}: reward {name!r} gave every group identical scores for {every} "
+                      "steps in a row: it gives GRPO no advantage (a reward blind to these images or prompts, "
+                      "missing metadata, or a saturated score?)", file=sys.stderr)
+
     def _optimizer_steps(self) -> int:
         """An upper bound on the optimizer steps of one update (fewer when a minibatch would be empty)."""
         g = self.config.grpo
@@ -403,7 +456,9 @@ class Trainer:
         if "shapes" in self.config.rewards:
             summary = verifier_summary(images, prompts)
         else:
-            summary = {"reward": self.reward(images, prompts).total.mean().item()}
+            metadata = None if self.eval_metadata is None else [
+                m for m in self.eval_metadata for _ in range(run.eval_samples_per_prompt)]  # as generate_images repeats
+            summary = {"reward": self.reward(images, prompts, metadata).total.mean().item()}
         summary = {f"heldout/{k}": v for k, v in summary.items()}
         if log and self.logger is not None:
             self.logger.log("eval", step, summary)
@@ -540,7 +595,7 @@ class Trainer:
 # trains (run.steps also rescales a cosine schedule over the new length)
 RESUME_OVERRIDES = ("run.steps", "run.out_dir", "run.device", "run.threads", "run.parallel", "run.save_every",
                     "run.keep_last", "run.eval_every", "run.log_every", "run.tensorboard", "run.wandb",
-                    "run.max_bad_steps", "run.resume", "run.eval_ema", "pretrain")
+                    "run.max_bad_steps", "run.resume", "run.eval_ema", "run.flat_reward_warn_steps", "pretrain")
 GLOBAL_BATCH = "grpo.prompts_per_step"  # per rank: a resume compares it times the world size
 
 
