@@ -19,7 +19,7 @@ def speedup_plot(rows: list[dict], path: str, title: str = "") -> None:
 
         matplotlib.use("Agg")  # files only, no display
         import matplotlib.pyplot as plt
-        from matplotlib.ticker import ScalarFormatter
+        from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
     except ImportError as err:
         raise RuntimeError(f"--plot needs matplotlib ({err}); install it with `pip install margrpo[plot]`") from None
     panels = list(dict.fromkeys((r["op"], r["mode"]) for r in rows))
@@ -37,8 +37,9 @@ def speedup_plot(rows: list[dict], path: str, title: str = "") -> None:
                         capsize=3, label=impl, color=colours[impl], linestyle="--" if impl == "eager" else "-")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))  # 0.5, 1, 2, 5, 10, ...
         ax.yaxis.set_major_formatter(ScalarFormatter())
-        ax.yaxis.set_minor_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_formatter(NullFormatter())
         ax.set_title(f"{op} ({mode})", fontsize=10)
         ax.set_xlabel("tokens")
         ax.set_ylabel("speedup vs eager (x)")
