@@ -2,11 +2,14 @@
 
     pytest benchmarks/test_bench_denoise.py --benchmark-only [--benchmark-json out.json]
 
-Reduced tokens and steps so each case takes seconds on a CPU; every case also checks that the
-timed path reproduces the eager per-seed reference. `compile` is left to the CLI suite (its
-compilation would dominate here).
+Reduced tokens and steps so each case takes seconds on a CPU; every case runs ROUNDS timed rounds
+(MARGRPO_BENCH_ROUNDS; default 10 on CUDA, 5 on CPU) after one warm-up round, so the report has a
+spread, and checks that the timed path reproduces the eager per-seed reference. `compile` is left to
+the CLI suite (its compilation would dominate here).
 """
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -16,6 +19,7 @@ from margrpo.bench import denoise as bench
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 TOKENS, STEPS = (1024, 25) if DEVICE.type == "cuda" else (8, 2)
 DTYPE = torch.bfloat16 if DEVICE.type == "cuda" else torch.float32
+ROUNDS = int(os.environ.get("MARGRPO_BENCH_ROUNDS", "10" if DEVICE.type == "cuda" else "5"))
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -44,7 +48,7 @@ def setup(request):
 def test_denoise(benchmark, setup, method):
     case, fns, reference = setup
     benchmark.group = f"denoise {case} tokens={TOKENS} steps={STEPS}"
-    x0 = benchmark.pedantic(fns[method], rounds=1, iterations=1)
+    x0 = benchmark.pedantic(fns[method], rounds=ROUNDS, warmup_rounds=1, iterations=1)
     assert x0.shape == reference.shape
     relative = (x0.float() - reference.float()).abs().max() / reference.float().abs().max()
     assert relative < (2e-2 if DTYPE == torch.bfloat16 else 1e-4)

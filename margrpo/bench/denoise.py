@@ -8,10 +8,11 @@ main trajectory and K seed trajectories for `tokens` tokens over `steps` diffusi
            modulation is recomputed inside every call (how the public reference code samples)
   compile  torch.compile of a restructured reference: every trajectory and CFG half batched into one
            official head call per step (z repeated K+1 times, modulation recomputed per copy)
-Random weights at the real sizes (speed does not depend on the values). Time: the median of
-`repeats` rounds after one warm-up, the methods interleaved in each round (margrpo.bench.timing;
-perf_counter on CPU, CUDA events on CUDA). Also reports the
-largest |x0 - eager x0| relative to the largest |eager x0| as a sanity check.
+Random weights at the real sizes (speed does not depend on the values). Time: p20 / p50 / p80 and
+min of `repeats` rounds after one warm-up, the methods interleaved in each round in a shuffled order
+(margrpo.bench.timing; perf_counter on CPU, CUDA events on CUDA); the speedup over eager is the
+median [p20, p80] of the per-round paired ratios. Also reports the largest |x0 - eager x0| relative
+to the largest |eager x0| as a sanity check.
 
     python -m margrpo.bench.denoise --device cpu --tokens 32 --steps 4 --json out.json
     margrpo bench denoise --cases harmon-mar_h --methods fused,eager
@@ -28,8 +29,8 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from margrpo.bench.machine import JsonReport, split_choices
-from margrpo.bench.timing import median_ms
+from margrpo.bench.machine import JsonReport, header, split_choices
+from margrpo.bench.timing import interleave
 from margrpo.diffusion import DDPMSampler, mar_sampler
 from margrpo.heads import Guidance, mar_head, multi_seed_denoise, nova_head
 from margrpo.heads.reference import eager_multi_seed_denoise
@@ -62,8 +63,14 @@ class Row:
     tokens: int
     steps: int
     num_seeds: int
-    ms: float
-    speedup_vs_eager: float | None
+    p20_ms: float
+    p50_ms: float
+    p80_ms: float
+    min_ms: float
+    rounds: int
+    speedup_vs_eager: float | None  # median over rounds of eager's time / this time, in the same round
+    speedup_p20: float | None
+    speedup_p80: float | None
     rel_diff_vs_eager: float | None  # max |x0 - eager x0| / max |eager x0|
 
 
@@ -138,11 +145,13 @@ def run(cases: tuple[str, ...], names: tuple[str, ...], device: torch.device, to
         z, noise = make_inputs(head, case, tokens, steps, device)
         fns = methods(head, case, sampler, z, noise, names)
         reference = fns["eager"]() if "eager" in fns else None
-        timed = median_ms(fns, device, repeats)
-        for name, ms in timed.items():
+        timed = interleave(fns, device, min_time_s=0.0, warmup=1, min_rounds=repeats, max_rounds=repeats)
+        for name in timed.times:
             diff = None if reference is None else float((fns[name]() - reference).abs().max() / reference.abs().max())
-            speedup = timed["eager"] / ms if "eager" in timed else None
-            rows.append(Row(case_name, name, tokens, steps, case.num_seeds, ms, speedup, diff))
+            st = timed.stats(name)
+            ratio = timed.ratio("eager", name) if "eager" in timed.times else None
+            rows.append(Row(case_name, name, tokens, steps, case.num_seeds, st.p20, st.p50, st.p80, st.min, st.n,
+                            ratio and ratio.p50, ratio and ratio.p20, ratio and ratio.p80, diff))
             if on_row:
                 on_row(rows[-1])
         del head
@@ -150,11 +159,14 @@ def run(cases: tuple[str, ...], names: tuple[str, ...], device: torch.device, to
 
 
 def format_table(rows: list[Row]) -> str:
-    lines = [f"{'case':<14} {'method':<8} {'tokens':>6} {'steps':>5} {'K':>2} {'ms':>10} {'x eager':>8} {'rel dx0':>9}"]
+    lines = [f"{'case':<14} {'method':<8} {'tokens':>6} {'steps':>5} {'K':>2} {'rounds':>6} {'p50 ms':>10} {'p20 ms':>10} "
+             f"{'p80 ms':>10} {'min ms':>10} {'x eager p50 [p20, p80]':>24} {'rel dx0':>9}"]
     for r in rows:
-        speed = f"{r.speedup_vs_eager:.2f}" if r.speedup_vs_eager is not None else "-"
+        speed = (f"{r.speedup_vs_eager:.2f} [{r.speedup_p20:.2f}, {r.speedup_p80:.2f}]"
+                 if r.speedup_vs_eager is not None else "-")
         diff = f"{r.rel_diff_vs_eager:.1e}" if r.rel_diff_vs_eager is not None else "-"
-        lines.append(f"{r.case:<14} {r.method:<8} {r.tokens:>6} {r.steps:>5} {r.num_seeds:>2} {r.ms:>10.1f} {speed:>8} {diff:>9}")
+        lines.append(f"{r.case:<14} {r.method:<8} {r.tokens:>6} {r.steps:>5} {r.num_seeds:>2} {r.rounds:>6} {r.p50_ms:>10.1f} "
+                     f"{r.p20_ms:>10.1f} {r.p80_ms:>10.1f} {r.min_ms:>10.1f} {speed:>24} {diff:>9}")
     return "\n".join(lines)
 
 
@@ -165,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--tokens", type=int, help="tokens per chain (default: 1024 on CUDA, 32 on CPU)")
     parser.add_argument("--steps", type=int, help="diffusion steps T (default: 25 on CUDA, 4 on CPU)")
-    parser.add_argument("--repeats", type=int, help="timed runs after one warm-up (default: 10 on CUDA, 1 on CPU)")
+    parser.add_argument("--repeats", type=int, help="timed rounds after one warm-up (default: 10 on CUDA, 5 on CPU)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="head dtype (default: bf16 on CUDA, fp32 on CPU)")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     parser.add_argument("--json", help="write the rows and the machine description to this file")
@@ -176,13 +188,15 @@ def main(argv: list[str] | None = None) -> int:
     gpu = device.type == "cuda"
     tokens = args.tokens or (1024 if gpu else 32)
     steps = args.steps or (25 if gpu else 4)
-    repeats = args.repeats or (10 if gpu else 1)
+    repeats = args.repeats or (10 if gpu else 5)
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if gpu else torch.float32)
     report = JsonReport(args.json, device, dtype=str(dtype))
+    print(header(report.head["machine"]), flush=True)
 
     def on_row(row: Row) -> None:
         report.add(asdict(row))
-        print(f"[denoise] {row.case} {row.method}: {row.ms:.2f} ms at {time.perf_counter() - _STARTED:.0f} s", file=sys.stderr, flush=True)
+        print(f"[denoise] {row.case} {row.method}: p50 {row.p50_ms:.2f} ms at {time.perf_counter() - _STARTED:.0f} s",
+              file=sys.stderr, flush=True)
 
     rows = run(split_choices(args.cases, tuple(CASES), "cases"), split_choices(args.methods, METHODS, "methods"),
                device, tokens, steps, repeats, dtype, on_row=on_row)

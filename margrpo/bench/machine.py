@@ -1,7 +1,9 @@
-"""What every benchmark shares: a description of the machine the numbers came from, the parsing of
-comma-list CLI options, and the JSON report written as rows arrive."""
+"""What every benchmark shares: a description of the machine the numbers came from (with its load:
+the project machines are shared), the parsing of comma-list CLI options, and the JSON report
+written as rows arrive."""
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import platform
@@ -17,8 +19,26 @@ def _cpu_model() -> str:
         return platform.processor() or "unknown"
 
 
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def load_average() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages (None where the OS has none): a number measured at load
+    4 on 2 cores says little about the op."""
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except OSError:
+        return None
+
+
 def machine_description(device: torch.device) -> dict[str, object]:
-    """What the numbers were measured on: CPU model and cores, threads used, versions, GPU."""
+    """What the numbers were measured on: CPU model and cores, threads used, versions, GPU, load."""
+    import margrpo
+
     info: dict[str, object] = {
         "platform": platform.platform(),
         "machine": platform.machine(),
@@ -26,12 +46,27 @@ def machine_description(device: torch.device) -> dict[str, object]:
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
+        "triton": _version("triton"),
+        "margrpo": margrpo.__version__,
         "python": platform.python_version(),
         "device": str(device),
+        "load_average": load_average(),
     }
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     return info
+
+
+def header(info: dict[str, object]) -> str:
+    """The lines printed above a benchmark's table: versions, hardware, load."""
+    load = info.get("load_average")
+    load_text = " ".join(f"{v:.2f}" for v in load) if load else "unavailable"
+    hardware = f"CPU {info['cpu']} ({info['cpu_count']} cores, {info['torch_threads']} torch threads)"
+    if "gpu" in info:
+        hardware += f", GPU {info['gpu']}"
+    return (f"torch {info['torch']}, triton {info['triton'] or 'not installed'}, margrpo {info['margrpo']}, "
+            f"python {info['python']}\n{hardware}, device {info['device']}\n"
+            f"load average (1/5/15 min) {load_text} at the start")
 
 
 def split_choices(value: str, allowed: tuple[str, ...], name: str) -> tuple[str, ...]:
@@ -53,6 +88,14 @@ class JsonReport:
 
     def add(self, *rows: dict) -> None:
         self.rows.extend(rows)
+        self._write()
+
+    def set(self, key: str, value: object) -> None:
+        """A top-level entry beside the rows (rewritten like them)."""
+        self.head[key] = value
+        self._write()
+
+    def _write(self) -> None:
         if self.path is None:
             return
         partial = f"{self.path}.partial"

@@ -4,7 +4,12 @@ Timing one method after another lets the load of a shared machine (or a GPU's cl
 them: a ratio moved from 1.70x to 3.35x between two runs that way. Here every round calls each
 method once, in a fresh seeded random order (in a fixed order a method always follows the same
 other one, and reusing that one's just-freed buffers made it up to 1.6x faster by position alone),
-so every method sees the same conditions and the ratios hold when the absolute times do not.
+so every method sees the same conditions. A ratio between two methods is taken per round (the two
+calls of one round ran moments apart, under the same load) and summarised by the median and the
+20th / 80th percentiles of those paired ratios: it holds when the absolute times do not.
+
+A method may have an untimed `setup` run just before each of its timed calls (a backward pass
+needs a fresh forward graph, which must not count).
 """
 from __future__ import annotations
 
@@ -13,8 +18,12 @@ import random
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
+
+# the clock around each timed CPU call (tests replace it to see what falls inside the timed region)
+_now = time.perf_counter
 
 
 def synchronize(device: torch.device) -> None:
@@ -23,49 +32,107 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _call_ms(fn: Callable[[], object], device: torch.device) -> float:
+@dataclass(frozen=True)
+class Timed:
+    """A timed call, with an optional untimed setup run before each call (its result is passed on)."""
+
+    call: Callable[..., object]
+    setup: Callable[[], object] | None = None
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Percentiles of a list of samples (ms, or ratios)."""
+
+    p20: float
+    p50: float
+    p80: float
+    min: float
+    n: int
+
+
+def stats(samples: list[float]) -> Stats:
+    """p20 / p50 / p80 (linear interpolation between order statistics) and the minimum."""
+    if not samples:
+        raise ValueError("samples: got an empty list, expected at least one measurement")
+    if len(samples) == 1:
+        only = samples[0]
+        return Stats(only, only, only, only, 1)
+    cuts = statistics.quantiles(samples, n=10, method="inclusive")  # deciles: cuts[1] = p20, cuts[7] = p80
+    return Stats(cuts[1], statistics.median(samples), cuts[7], min(samples), len(samples))
+
+
+@dataclass
+class Interleaved:
+    """Per-method times (ms) of every round and the order the methods ran in each round."""
+
+    times: dict[str, list[float]]
+    order: list[list[str]]
+
+    def stats(self, name: str) -> Stats:
+        return stats(self.times[name])
+
+    def ratio(self, base: str, name: str) -> Stats:
+        """Percentiles of base / name taken round by round (> 1: `name` is faster than `base`)."""
+        return stats([b / t if t > 0 else float("inf") for b, t in zip(self.times[base], self.times[name])])
+
+
+def _call_ms(timed: Timed, device: torch.device) -> float:
+    state = timed.setup() if timed.setup else None
+    args = () if timed.setup is None else (state,)
     if device.type == "cuda":
+        synchronize(device)  # the setup's queued work must not land in the timed region
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        timed.call(*args)
         end.record()
         end.synchronize()
         return start.elapsed_time(end)
-    begin = time.perf_counter()
-    fn()
-    return (time.perf_counter() - begin) * 1e3
+    begin = _now()
+    timed.call(*args)
+    return (_now() - begin) * 1e3
 
 
-def interleaved_ms(fns: dict[str, Callable[[], object]], device: torch.device, min_time_s: float = 0.3,
-                   warmup: int = 3, min_rounds: int = 10, max_rounds: int = 2000) -> dict[str, tuple[float, float]]:
-    """(median, min) milliseconds of each fn() over interleaved rounds, after `warmup` calls of each.
+def interleave(fns: dict[str, Timed | Callable[[], object]], device: torch.device, min_time_s: float = 0.3,
+               warmup: int = 3, min_rounds: int = 10, max_rounds: int = 2000, seed: int = 0) -> Interleaved:
+    """Time every method in rounds, each round calling each method once in a shuffled order.
 
-    Rounds continue until about min_time_s per function has passed (at least min_rounds, at most
-    max_rounds). CPU: perf_counter; CUDA: events around each call. The garbage collector is off
-    while timing (as in timeit): collecting torch's object graph is not a method's cost."""
-    for fn in fns.values():
+    After `warmup` untimed calls of each, rounds continue until about min_time_s per method has
+    passed (at least min_rounds, at most max_rounds). CPU: perf_counter; CUDA: events around each
+    call. The garbage collector is off while timing (as in timeit): collecting torch's object
+    graph is not a method's cost."""
+    if min_rounds < 1 or max_rounds < min_rounds:
+        raise ValueError(f"min_rounds, max_rounds: got {min_rounds}, {max_rounds}, expected 1 <= min_rounds <= max_rounds")
+    methods = {name: fn if isinstance(fn, Timed) else Timed(fn) for name, fn in fns.items()}
+    for timed in methods.values():
         for _ in range(warmup):
-            fn()
+            timed.call(*(() if timed.setup is None else (timed.setup(),)))
     synchronize(device)
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    order = list(fns.items())
-    shuffle = random.Random(0).shuffle
-    budget = min_time_s * len(fns)
+    result = Interleaved({name: [] for name in methods}, [])
+    names = list(methods)
+    shuffle = random.Random(seed).shuffle
+    budget = min_time_s * len(methods)
     gc_was_enabled = gc.isenabled()
     gc.collect()
     gc.disable()
     try:
-        start_all = time.perf_counter()
-        rounds = 0
-        while rounds < min_rounds or (time.perf_counter() - start_all < budget and rounds < max_rounds):
-            shuffle(order)
-            for name, fn in order:
-                times[name].append(_call_ms(fn, device))
-            rounds += 1
+        start_all = time.monotonic()
+        while len(result.order) < min_rounds or (time.monotonic() - start_all < budget and len(result.order) < max_rounds):
+            shuffle(names)
+            result.order.append(list(names))
+            for name in names:
+                result.times[name].append(_call_ms(methods[name], device))
     finally:
         if gc_was_enabled:
             gc.enable()
-    return {name: (statistics.median(t), min(t)) for name, t in times.items()}
+    return result
+
+
+def interleaved_ms(fns: dict[str, Callable[[], object]], device: torch.device, min_time_s: float = 0.3,
+                   warmup: int = 3, min_rounds: int = 10, max_rounds: int = 2000) -> dict[str, tuple[float, float]]:
+    """(median, min) milliseconds of each fn() over interleaved rounds (see `interleave`)."""
+    timed = interleave(fns, device, min_time_s, warmup, min_rounds, max_rounds)
+    return {name: (statistics.median(t), min(t)) for name, t in timed.times.items()}
 
 
 def median_ms(fns: dict[str, Callable[[], object]], device: torch.device, repeats: int,
