@@ -84,3 +84,16 @@ def test_kernel_phase_survives_a_crash_and_lists_every_failure(tmp_path):
     assert {line.split(" - ")[0] for line in listed[1:]} == {"FAILED tests/test_a.py::test_fail",
                                                              "FAILED tests/test_b.py::test_after"}
     assert "test_c.py::test_c PASSED" in (out / "kernels.log").read_text()
+
+
+def test_ops_phase_times_forward_and_full_only():
+    """The ops phase's limit fits two of `bench ops`' three modes; both option values must parse."""
+    from margrpo.bench.machine import split_choices
+    from margrpo.bench.ops import MODES
+
+    text = (ROOT / "benchmarks" / "gpu" / "run.sh").read_text()
+    settings = re.findall(r"^  OPS=\((.*)\)$", text, flags=re.M)
+    assert len(settings) == 2, settings  # --smoke and the GPU run
+    for options in settings:
+        modes = re.search(r"--modes (\S+)", options).group(1)
+        assert split_choices(modes, MODES, "modes") == ("forward", "full")

@@ -24,8 +24,9 @@
 #   denoise  27 s limit, ~25 s    the Harmon mar_h head: fused, eager, torch.compile (NOVA's heads: runs 1-2)
 #   rewards  25 s limit, ~27 s    hps, jpeg, aesthetic, pickscore at full size in bf16 (random weights
 #                                 drawn on the GPU)
-#   ops      19 s limit, ~18 s    every op on every backend at steps-x16, eager and torch.compile
-#                                 (the nova shape: runs 1-2)
+#   ops      19 s limit, ~18 s    every op on every backend at steps-x16, eager and torch.compile,
+#                                 forward and forward + backward (--modes; backward alone is their
+#                                 difference, left out to fit) (the nova shape: runs 1-2)
 # A failed or timed-out phase is logged in OUT_DIR/status.txt and the next one runs; every benchmark
 # rewrites its JSON after each row, so a timeout keeps the rows it finished. The warm-up calls (short
 # schedules) are excluded from every timing; compared methods run interleaved.
@@ -64,7 +65,7 @@ if [ $SMOKE = 1 ]; then
   SCALE=${SMOKE_SCALE:-8}  # a (shared) CPU runs the kernel tests far slower than the GPU the limits are for
   DEV=cpu
   export TRITON_INTERPRET=1 MARGRPO_TEST_THREADS=1
-  OPS=(--shapes nova --min-time 0.02 --no-compile)
+  OPS=(--shapes nova --modes forward,full --min-time 0.02 --no-compile)
   DENOISE=(--cases harmon-mar_h,nova-d3w1280 --tokens 8 --steps 2 --repeats 1 --methods fused,eager)
   ROLLOUT=(--models harmon,nova,tiny --batch 1 --tokens 16 --mask-steps 3 --diffusion-steps 2 --repeats 1
            --warmup-mask-steps 2)
@@ -74,7 +75,7 @@ if [ $SMOKE = 1 ]; then
            --rewards hps,jpeg_compressibility,aesthetic,pickscore)
 else
   DEV=cuda
-  OPS=(--shapes steps-x16 --min-time 0.05)
+  OPS=(--shapes steps-x16 --modes forward,full --min-time 0.05)
   DENOISE=(--cases harmon-mar_h --repeats 3)
   ROLLOUT=(--models harmon,nova --mask-steps 8 --warmup-mask-steps 2 --repeats 1)
   NOVA=(--mask-steps 16 --record-mask-steps 3 --warmup-mask-steps 4)
