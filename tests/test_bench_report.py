@@ -150,3 +150,37 @@ def test_cli_quick_writes_table_json_and_plot(tmp_path, capsys):
     assert {r["mode"] for r in data["rows"]} == set(bench_ops.MODES)
     assert all(g["rounds"] == 5 and len(g["order"]) == 5 for g in data["groups"])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _table(printed: str, first_column: str) -> list[list[str]]:
+    """The whitespace-split lines of a suite's stdout table, from its column line on (below the header)."""
+    lines = printed.strip().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split()[:1] == [first_column])
+    return [line.split() for line in lines[start:]]
+
+
+def _assert_header(printed: str, machine: dict) -> None:
+    assert "load average (1/5/15 min)" in printed and f"torch {machine['torch']}" in printed
+    for key in ("torch", "triton", "margrpo", "python", "cpu", "cpu_count", "torch_threads", "load_average"):
+        assert key in machine
+
+
+def test_rollout_report_structure(tmp_path, capsys):
+    from margrpo.bench import rollout as bench_rollout
+
+    out = tmp_path / "rollout.json"
+    assert bench_rollout.main(["--models", "tiny", "--paths", "fused,reference", "--batch", "1", "--mask-steps", "2",
+                               "--diffusion-steps", "2", "--repeats", "3", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    data = json.loads(out.read_text())
+    _assert_header(printed, data["machine"])
+    assert "memory" in data and "load_average_end" in data
+    assert [r[:2] for r in _table(printed, "model")[1:]] == [["tiny", "fused"], ["tiny", "reference"]]
+    for r in data["rows"]:
+        assert r["min_ms"] <= r["p20_ms"] <= r["p50_ms"] <= r["p80_ms"] and r["rounds"] == 3
+        assert r["ms"] == r["p50_ms"] and r["images_per_s"] == pytest.approx(1e3 / r["p50_ms"])
+        assert r["speedup_p20"] <= r["speedup_vs_reference"] <= r["speedup_p80"] and r["mem_mb"] > 0
+    reference = next(r for r in data["rows"] if r["path"] == "reference")
+    assert reference["speedup_vs_reference"] == 1.0  # each round's reference against itself: paired
+    (group,) = data["groups"]
+    assert group["rounds"] == 3 and all(sorted(o) == ["fused", "reference"] for o in group["order"])

@@ -15,9 +15,12 @@ Models:
                channels; Harmon mar_h K=5 CFG 3 on eps) behind a stand-in backbone of one linear layer:
                the transformer costs the same S forward passes in every path, so it is left out and
                the table isolates the work the paths do differently.
-Time: median of `repeats` rounds after one warm-up (a whole rollout, or a short one of
---warmup-mask-steps), the paths interleaved in each round (margrpo.bench.timing; perf_counter on CPU,
-CUDA events on CUDA).
+Time: p20 / p50 / p80 and min of `repeats` rounds after one warm-up (a whole rollout, or a short one
+of --warmup-mask-steps), the paths interleaved in each round in a shuffled order that the JSON records
+(margrpo.bench.timing; perf_counter on CPU, CUDA events on CUDA); the speedup over the reference is the
+median [p20, p80] of the per-round paired ratios. Memory (margrpo.bench.memory) is that of the untimed
+warm-up call when it is a whole rollout (no extra rollout is run for it); with --warmup-mask-steps there
+is none.
 The reference path does about S times the head work of the others: the defaults on CUDA (B=2,
 N=1024, S=64, T=25, one timed run) take an estimated 1-2 minutes in all on an H200, mostly the
 Harmon reference; shorten with --paths or --mask-steps.
@@ -38,9 +41,10 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
+from margrpo.bench import memory
 from margrpo.bench.denoise import CASES, build, make_sampler
-from margrpo.bench.timing import median_ms
-from margrpo.bench.machine import JsonReport, split_choices
+from margrpo.bench.machine import JsonReport, header, load_average, split_choices
+from margrpo.bench.timing import Timed, interleave
 from margrpo.heads.reference import eager_multi_seed_denoise
 from margrpo.models.base import PromptBatch
 from margrpo.rollout import RolloutConfig, effective_steps, generate, group_seeds, mask_schedule
@@ -180,23 +184,34 @@ class Row:
     diffusion_steps: int
     num_seeds: int
     cfg_scale: float
-    ms: float
-    images_per_s: float
-    speedup_vs_reference: float | None
+    ms: float  # the median (= p50_ms), kept for readers of older reports
+    images_per_s: float  # batch / the median
+    speedup_vs_reference: float | None  # median over rounds of the reference's time / this time, same round
+    p20_ms: float
+    p50_ms: float
+    p80_ms: float
+    min_ms: float
+    rounds: int
+    speedup_p20: float | None
+    speedup_p80: float | None
+    mem_mb: float | None  # margrpo.bench.memory.method(device), of the warm-up rollout; None after a short one
 
 
 def run(models: tuple[str, ...], paths: tuple[str, ...], device: torch.device, dtype: torch.dtype, batch: int,
         tokens: int, mask_steps: int, diffusion_steps: int, repeats: int,
-        on_row: Callable[[Row], None] | None = None, warmup_mask_steps: int | None = None) -> list[Row]:
-    """Time the paths of every model; on_row(row) is called as each row is measured. The warm-up
-    call of each path is a whole rollout, or one of warmup_mask_steps mask steps when given (every
-    kernel runs in a few steps: the eager reference paths cost seconds per extra call on a GPU)."""
+        on_row: Callable[[Row], None] | None = None, warmup_mask_steps: int | None = None,
+        groups: list[dict] | None = None) -> list[Row]:
+    """Time the paths of every model; on_row(row) is called as each row is measured, and each model's
+    rounds and interleaving order are appended to `groups`. The warm-up call of each path is a whole
+    rollout (its memory measured), or one of warmup_mask_steps mask steps when given (every kernel runs
+    in a few steps: the eager reference paths cost seconds per extra call on a GPU)."""
     rows = []
     for model in models:
         setup = make_setup(model, device, dtype, tokens, mask_steps, diffusion_steps)
         fns = {path: fn for path, fn in path_functions(setup, batch, device).items() if path in paths}
+        mem: dict[str, float | None] = dict.fromkeys(fns)
         if warmup_mask_steps is None:
-            timed = median_ms(fns, device, repeats)
+            mem = {path: memory.call_mb(Timed(fn), device) for path, fn in fns.items()}
         else:
             steps = max(2, min(warmup_mask_steps, mask_steps))
             short = dataclasses.replace(setup.config, num_mask_steps=steps,
@@ -204,23 +219,34 @@ def run(models: tuple[str, ...], paths: tuple[str, ...], device: torch.device, d
             for path, warm in path_functions(setup, batch, device, short).items():
                 if path in paths:
                     warm()
-            timed = median_ms(fns, device, repeats, warmup=0)
-        for path, ms in timed.items():
-            speedup = timed["reference"] / ms if "reference" in timed else None
+        timed = interleave(fns, device, min_time_s=0.0, warmup=0, min_rounds=repeats, max_rounds=repeats)
+        if groups is not None:
+            groups.append({"model": model, "rounds": len(timed.order), "order": timed.order})
+        for path in timed.times:
+            st = timed.stats(path)
+            ratio = timed.ratio("reference", path) if "reference" in timed.times else None
             rows.append(Row(model, path, batch, setup.backbone.num_tokens, mask_steps, setup.sampler.num_steps,
-                            setup.config.num_seeds, setup.config.cfg_scale, ms, batch / (ms / 1e3), speedup))
+                            setup.config.num_seeds, setup.config.cfg_scale, st.p50, batch / (st.p50 / 1e3),
+                            ratio and ratio.p50, st.p20, st.p50, st.p80, st.min, st.n, ratio and ratio.p20,
+                            ratio and ratio.p80, mem[path]))
             if on_row:
                 on_row(rows[-1])
     return rows
 
 
 def format_table(rows: list[Row]) -> str:
-    lines = [f"{'model':<7} {'path':<10} {'B':>3} {'N':>5} {'S':>3} {'T':>3} {'K':>2} {'cfg':>4} {'ms':>10} "
-             f"{'img/s':>9} {'x ref':>7}"]
+    """One line per (model, path): times (p50, p20, p80, min), images/s at the median, the speedup over
+    the reference (paired per round) and the memory."""
+    lines = [f"{'model':<7} {'path':<10} {'B':>3} {'N':>5} {'S':>3} {'T':>3} {'K':>2} {'cfg':>4} {'rounds':>6} "
+             f"{'p50 ms':>10} {'p20 ms':>10} {'p80 ms':>10} {'min ms':>10} {'img/s':>9} {'x ref p50 [p20, p80]':>22} "
+             f"{'MB':>9}"]
     for r in rows:
-        speed = f"{r.speedup_vs_reference:.2f}" if r.speedup_vs_reference is not None else "-"
+        speed = (f"{r.speedup_vs_reference:.2f} [{r.speedup_p20:.2f}, {r.speedup_p80:.2f}]"
+                 if r.speedup_vs_reference is not None else "-")
+        mem = f"{r.mem_mb:.3g}" if r.mem_mb is not None else "-"
         lines.append(f"{r.model:<7} {r.path:<10} {r.batch:>3} {r.tokens:>5} {r.mask_steps:>3} {r.diffusion_steps:>3} "
-                     f"{r.num_seeds:>2} {r.cfg_scale:>4g} {r.ms:>10.1f} {r.images_per_s:>9.2f} {speed:>7}")
+                     f"{r.num_seeds:>2} {r.cfg_scale:>4g} {r.rounds:>6} {r.p50_ms:>10.1f} {r.p20_ms:>10.1f} "
+                     f"{r.p80_ms:>10.1f} {r.min_ms:>10.1f} {r.images_per_s:>9.2f} {speed:>22} {mem:>9}")
     return "\n".join(lines)
 
 
@@ -252,15 +278,21 @@ def main(argv: list[str] | None = None) -> int:
                         ("diffusion-steps", diffusion_steps), ("repeats", repeats)):
         if value < 1 or (name in ("mask-steps", "diffusion-steps") and value < 2):
             raise SystemExit(f"--{name}: got {value}, expected a positive integer (>= 2 for step counts)")
-    report = JsonReport(args.json, device, dtype=str(dtype))
+    report = JsonReport(args.json, device, dtype=str(dtype), memory=memory.method(device),
+                        speedup="median [p20, p80] over rounds of the reference's time / the path's, same round")
+    print(f"{header(report.head['machine'])}\nmemory: {memory.method(device)}", flush=True)
+    groups: list[dict] = []
 
     def on_row(row: Row) -> None:
         report.add(asdict(row))
-        print(f"[rollout] {row.model} {row.path}: {row.ms:.1f} ms ({row.images_per_s:.2f} images/s) "
+        report.set("groups", groups)
+        print(f"[rollout] {row.model} {row.path}: p50 {row.p50_ms:.1f} ms ({row.images_per_s:.2f} images/s) "
               f"at {time.perf_counter() - _STARTED:.0f} s", file=sys.stderr, flush=True)
 
     rows = run(split_choices(models, MODELS, "models"), split_choices(args.paths, PATHS, "paths"), device, dtype, batch,
-               tokens, mask_steps, diffusion_steps, repeats, on_row=on_row, warmup_mask_steps=args.warmup_mask_steps)
+               tokens, mask_steps, diffusion_steps, repeats, on_row=on_row, warmup_mask_steps=args.warmup_mask_steps,
+               groups=groups)
+    report.set("load_average_end", load_average())
     print(format_table(rows))
     return 0
 

@@ -77,7 +77,7 @@ class Interleaved:
         return stats([b / t if t > 0 else float("inf") for b, t in zip(self.times[base], self.times[name])])
 
 
-def _call_ms(timed: Timed, device: torch.device) -> float:
+def _call_ms(timed: Timed, device: torch.device, clock: Callable[[], float] | None = None) -> float:
     state = timed.setup() if timed.setup else None
     args = () if timed.setup is None else (state,)
     if device.type == "cuda":
@@ -88,18 +88,21 @@ def _call_ms(timed: Timed, device: torch.device) -> float:
         end.record()
         end.synchronize()
         return start.elapsed_time(end)
-    begin = _now()
+    now = clock or _now
+    begin = now()
     timed.call(*args)
-    return (_now() - begin) * 1e3
+    return (now() - begin) * 1e3
 
 
 def interleave(fns: dict[str, Timed | Callable[[], object]], device: torch.device, min_time_s: float = 0.3,
-               warmup: int = 3, min_rounds: int = 10, max_rounds: int = 2000, seed: int = 0) -> Interleaved:
+               warmup: int = 3, min_rounds: int = 10, max_rounds: int = 2000, seed: int = 0,
+               clock: Callable[[], float] | None = None) -> Interleaved:
     """Time every method in rounds, each round calling each method once in a shuffled order.
 
     After `warmup` untimed calls of each, rounds continue until about min_time_s per method has
-    passed (at least min_rounds, at most max_rounds). CPU: perf_counter; CUDA: events around each
-    call. The garbage collector is off while timing (as in timeit): collecting torch's object
+    passed (at least min_rounds, at most max_rounds). CPU: perf_counter (or `clock`, seconds: e.g.
+    time.thread_time, where the wait for a core on a shared machine is not the method's cost); CUDA:
+    events around each call. The garbage collector is off while timing (as in timeit): collecting torch's object
     graph is not a method's cost."""
     if min_rounds < 1 or max_rounds < min_rounds:
         raise ValueError(f"min_rounds, max_rounds: got {min_rounds}, {max_rounds}, expected 1 <= min_rounds <= max_rounds")
@@ -121,7 +124,7 @@ def interleave(fns: dict[str, Timed | Callable[[], object]], device: torch.devic
             shuffle(names)
             result.order.append(list(names))
             for name in names:
-                result.times[name].append(_call_ms(methods[name], device))
+                result.times[name].append(_call_ms(methods[name], device, clock))
     finally:
         if gc_was_enabled:
             gc.enable()
