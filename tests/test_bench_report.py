@@ -184,3 +184,29 @@ def test_rollout_report_structure(tmp_path, capsys):
     assert reference["speedup_vs_reference"] == 1.0  # each round's reference against itself: paired
     (group,) = data["groups"]
     assert group["rounds"] == 3 and all(sorted(o) == ["fused", "reference"] for o in group["order"])
+
+
+def test_rewards_report_pairs_remote_with_local(tmp_path, capsys):
+    from margrpo.bench import rewards as bench_rewards
+
+    assert bench_rewards.measured_together(["remote:hps", "jpeg_compressibility", "shapes",
+                                            "remote:jpeg_compressibility"]) == [
+        ("remote:hps",), ("jpeg_compressibility", "remote:jpeg_compressibility"), ("shapes",)]
+    out = tmp_path / "rewards.json"
+    assert bench_rewards.main(["--device", "cpu", "--batch", "2", "--image-size", "32", "--repeats", "4", "--rewards",
+                               "jpeg_compressibility,remote:jpeg_compressibility,shapes", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    data = json.loads(out.read_text())
+    _assert_header(printed, data["machine"])
+    assert [line[0] for line in _table(printed, "reward")[2:]] == ["jpeg_compressibility", "remote:jpeg_compressibility",
+                                                                   "shapes"]
+    rows = {r["reward"]: r for r in data["rows"]}
+    for r in rows.values():
+        assert r["min_ms"] <= r["p20_ms"] <= r["p50_ms"] <= r["p80_ms"] and r["rounds"] == 4 and r["mem_mb"] > 0
+        assert r["median_ms"] == round(r["p50_ms"], 2)
+    assert rows["jpeg_compressibility"]["vs_local"] == 1.0 and rows["shapes"]["vs_local"] is None
+    remote = rows["remote:jpeg_compressibility"]
+    assert remote["vs_local_p20"] <= remote["vs_local"] <= remote["vs_local_p80"]
+    pair, alone = data["groups"]
+    assert pair["rewards"] == ["jpeg_compressibility", "remote:jpeg_compressibility"] and alone["rewards"] == ["shapes"]
+    assert all(sorted(o) == sorted(pair["rewards"]) for o in pair["order"]) and len(pair["order"]) == 4
