@@ -70,28 +70,41 @@ def test_both_paths_run_and_the_fused_images_are_the_trainers_rollout():
 
 def test_cli_prints_the_table_and_writes_the_report(tmp_path, capsys):
     out = tmp_path / "step.json"
-    assert bench_main(["step", "--config", str(CONFIG), "--steps", "2", "--json", str(out), *TINY]) == 0
+    assert bench_main(["step", "--config", str(CONFIG), "--steps", "3", "--json", str(out), *TINY]) == 0
     report = json.loads(out.read_text())
-    assert set(report) == {"machine", "settings", "steps", "rows", "mean_s", "speedup", "command"}
-    assert {"cpu_count", "torch_threads", "load_average_before", "load_average_after"} <= set(report["machine"])
-    assert report["machine"]["torch_threads"] == report["settings"]["torch_threads"] == 1
+    assert set(report) == {"machine", "settings", "steps", "rows", "order", "mean_s", "stats_s", "speedup",
+                           "speedup_p20", "speedup_p80", "command"}
+    machine = report["machine"]
+    assert {"cpu_count", "torch_threads", "load_average_before", "load_average_after", "torch", "triton", "margrpo",
+            "python", "cpu", "load_average"} <= set(machine)
+    assert machine["torch_threads"] == report["settings"]["torch_threads"] == 1
     assert report["settings"]["images"] == 4 and report["settings"]["algorithm"]["grpo.minibatches"] == 2
-    rows = report["rows"]
-    assert [(r["step"], r["path"]) for r in rows] == [(1, "fused"), (1, "reference"), (2, "fused"), (2, "reference")]
+    rows, order = report["rows"], report["order"]
+    assert len(order) == 3 and all(sorted(o) == sorted(bench_step.PATHS) for o in order)
+    # the rows in the recorded interleaving order, both paths of round r on step r
+    assert [(r["step"], r["path"]) for r in rows] == [(i + 1, p) for i, o in enumerate(order) for p in o]
     for row in rows:
         assert all(row[c] > 0 for c in COLUMNS)
         assert row["total"] == pytest.approx(row["rollout"] + row["reward"] + row["train"], rel=1e-12)
-    for path in ("fused", "reference"):
-        for c in COLUMNS:
-            assert report["mean_s"][path][c] == pytest.approx(sum(r[c] for r in rows if r["path"] == path) / 2)
+    seconds = {(r["step"], r["path"]): r for r in rows}
     for c in COLUMNS:
-        assert report["speedup"][c] == pytest.approx(report["mean_s"]["reference"][c] / report["mean_s"]["fused"][c])
-    table = capsys.readouterr().out
-    assert "load average" in table
-    lines = table.strip().splitlines()[-4:]
-    assert lines[0].split() == ["path", "rollout", "s", "reward", "s", "train", "s", "total", "s"]
-    assert [line.split()[0] for line in lines[1:]] == ["fused", "reference", "speedup"]
-    assert lines[3].split()[4] == f"{report['speedup']['total']:.2f}x"
+        for path in bench_step.PATHS:
+            st = report["stats_s"][path][c]
+            assert st["min"] <= st["p20"] <= st["p50"] <= st["p80"]
+            assert report["mean_s"][path][c] == pytest.approx(sum(r[c] for r in rows if r["path"] == path) / 3)
+        # paired: the median of the rounds' reference / fused, not a ratio of the paths' medians
+        paired = sorted(seconds[s, "reference"][c] / seconds[s, "fused"][c] for s in (1, 2, 3))
+        assert report["speedup"][c] == pytest.approx(paired[1])
+        assert report["speedup_p20"][c] <= report["speedup"][c] <= report["speedup_p80"][c]
+    printed = capsys.readouterr()
+    assert "load average (1/5/15 min)" in printed.out and "[bench step]" not in printed.out
+    assert "[bench step] step 3" in printed.err  # progress lines on stderr
+    lines = printed.out.strip().splitlines()
+    table = lines[next(i for i, line in enumerate(lines) if line.startswith("phase")):]
+    assert table[0].split()[:7] == ["phase", "path", "p50", "s", "p20", "s", "p80"]
+    assert [line.split()[:2] for line in table[1:]] == [[c, p] for c in COLUMNS for p in bench_step.PATHS]
+    assert table[-2].split()[7] == f"{report['speedup']['total']:.2f}x"  # total, fused
+    assert table[-1].split()[7:] == ["1.00x", "[1.00,", "1.00]"]
 
 
 def test_cli_rejects_a_fixed_key_and_no_rounds():

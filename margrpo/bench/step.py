@@ -15,9 +15,12 @@ positions unknown before each recorded mask step, one update per recorded mask s
              tokens, one eager chain per trajectory) and nova_reference_update (the likelihood
              re-evaluates all N tokens per recorded step and trajectory), each phase timed here
 Each path trains its own copy of the policy with its own AdamW; the frozen KL reference is shared.
-One warm-up step per path on a short schedule, then --steps rounds of one fused step followed by one
-reference step (side by side, so a change of machine load hits both). Times are means over the
-rounds; on CUDA the trainer's phase times are host wall times.
+One warm-up step per path on a short schedule, then --steps rounds of one step of each path (both on
+the round's prompts), in a shuffled order per round that the report records (margrpo.bench.timing), so
+a change of machine load hits both. Per phase and in total: p20 / p50 / p80, min and mean seconds over
+the rounds, and the speedup of fused over reference as the median [p20, p80] of the per-round paired
+ratios reference / fused. On CUDA the trainer's phase times are host wall times. No memory column: a
+step's memory would need one more step per path (the warm-up runs a shorter schedule).
 """
 from __future__ import annotations
 
@@ -32,7 +35,8 @@ from pathlib import Path
 
 import torch
 
-from margrpo.bench.machine import machine_description
+from margrpo.bench.machine import header, machine_description
+from margrpo.bench.timing import Interleaved, interleave
 from margrpo.bench.models import nova_reference_rollout, nova_reference_update
 from margrpo.rollout import effective_steps, mask_schedule
 from margrpo.train.config import TrainerConfig, load_config
@@ -168,43 +172,63 @@ class StepBench:
 
 
 def run(config: TrainerConfig, steps: int, log=print) -> tuple[dict, dict[str, torch.Tensor]]:
-    """Warm up each path once (short schedule), then `steps` rounds of fused then reference ->
-    (report, the last images of each path). report: machine (with load averages before and after),
-    settings, per-step rows, mean seconds per path and phase, speedup (reference / fused) per phase
-    and in total."""
+    """Warm up each path once (short schedule), then `steps` interleaved rounds of one step of each
+    path -> (report, the last images of each path). report: machine (with load averages before and
+    after), settings, per-step rows in the order run, the order of every round, per path and phase
+    the percentiles and the mean seconds, and the speedup (reference / fused, paired per round: median,
+    p20, p80) per phase and in total."""
     if steps < 1:
         raise ValueError(f"steps: got {steps}, expected >= 1 timed rounds")
     load_before = os.getloadavg()
     bench = StepBench(config)
     bench.warm_up()
     functions = {"fused": bench.fused, "reference": bench.reference}
-    rows, images = [], {}
-    for round_index in range(1, steps + 1):
-        for path in PATHS:
-            times, images[path], rewards = functions[path](round_index)
-            row = {"step": round_index, "path": path, **times, "total": sum(times.values()),
-                   "reward_mean": float(rewards.float().mean())}
-            rows.append(row)
-            phases = "  ".join(f"{k} {row[k]:.2f}s" for k in (*PHASES, "total"))
-            log(f"[bench step] step {round_index} {path:<9} {phases}  reward {row['reward_mean']:.3f}")
+    rows, images, done = [], {}, dict.fromkeys(PATHS, 0)
+
+    def one_step(path: str) -> None:
+        done[path] += 1  # a path's k-th call is round k: both paths of a round run the same step
+        times, images[path], rewards = functions[path](done[path])
+        row = {"step": done[path], "path": path, **times, "total": sum(times.values()),
+               "reward_mean": float(rewards.float().mean())}
+        rows.append(row)
+        phases = "  ".join(f"{k} {row[k]:.2f}s" for k in (*PHASES, "total"))
+        log(f"[bench step] step {row['step']} {path:<9} {phases}  reward {row['reward_mean']:.3f}")
+
+    order = interleave({path: lambda path=path: one_step(path) for path in PATHS}, bench.device, min_time_s=0.0,
+                       warmup=0, min_rounds=steps, max_rounds=steps).order
     columns = (*PHASES, "total")
-    mean = {path: {c: sum(r[c] for r in rows if r["path"] == path) / steps for c in columns} for path in PATHS}
-    machine = {**machine_description(bench.device), "load_average_before": list(load_before),
+    # per column, the paths' seconds round by round (the trainer's phase times, not the call's wall time)
+    by_round = {c: Interleaved({p: [r[c] for r in sorted(rows, key=lambda r: r["step"]) if r["path"] == p]
+                                for p in PATHS}, order) for c in columns}
+    stats = {path: {c: by_round[c].stats(path) for c in columns} for path in PATHS}
+    ratios = {c: by_round[c].ratio("reference", "fused") for c in columns}
+    machine = {**machine_description(bench.device), "load_average": [round(v, 2) for v in load_before],
+               "load_average_before": list(load_before),
                "load_average_after": list(os.getloadavg())}
     report = {
-        "machine": machine, "settings": bench.settings(), "steps": steps, "rows": rows, "mean_s": mean,
-        "speedup": {c: mean["reference"][c] / mean["fused"][c] for c in columns},
+        "machine": machine, "settings": bench.settings(), "steps": steps, "rows": rows, "order": order,
+        "mean_s": {path: {c: sum(by_round[c].times[path]) / steps for c in columns} for path in PATHS},
+        "stats_s": {path: {c: {k: getattr(st, k) for k in ("p20", "p50", "p80", "min")} for c, st in per.items()}
+                    for path, per in stats.items()},
+        "speedup": {c: r.p50 for c, r in ratios.items()},
+        "speedup_p20": {c: r.p20 for c, r in ratios.items()},
+        "speedup_p80": {c: r.p80 for c, r in ratios.items()},
     }
     return report, images
 
 
 def format_table(report: dict) -> str:
-    """path, seconds per phase and in total, and the speedup of fused over reference."""
-    columns = (*PHASES, "total")
-    lines = [f"{'path':<10}" + "".join(f"{c + ' s':>11}" for c in columns)]
-    for path in PATHS:
-        lines.append(f"{path:<10}" + "".join(f"{report['mean_s'][path][c]:>11.3f}" for c in columns))
-    lines.append(f"{'speedup':<10}" + "".join(f"{report['speedup'][c]:>10.2f}x" for c in columns))
+    """One line per phase (and the total) and path: seconds p50, p20, p80, min and mean, and the
+    speedup of fused over reference, paired per round (the reference's own line: 1.00x)."""
+    lines = [f"{'phase':<8} {'path':<10} {'p50 s':>9} {'p20 s':>9} {'p80 s':>9} {'min s':>9} {'mean s':>9} "
+             f"{'speedup p50 [p20, p80]':>24}"]
+    for c in (*PHASES, "total"):
+        for path in PATHS:
+            st = report["stats_s"][path][c]
+            speed = (f"{report['speedup'][c]:.2f}x [{report['speedup_p20'][c]:.2f}, {report['speedup_p80'][c]:.2f}]"
+                     if path == "fused" else "1.00x [1.00, 1.00]")
+            lines.append(f"{c:<8} {path:<10} {st['p50']:>9.3f} {st['p20']:>9.3f} {st['p80']:>9.3f} {st['min']:>9.3f} "
+                         f"{report['mean_s'][path][c]:>9.3f} {speed:>24}")
     return "\n".join(lines)
 
 
@@ -217,13 +241,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         config = load_bench_config(args.config, args.overrides)
-        report, _ = run(config, args.steps)
+        report, _ = run(config, args.steps, log=lambda line: print(line, file=sys.stderr, flush=True))
     except ValueError as error:
         raise SystemExit(f"margrpo bench step: {error}") from None
     report["command"] = " ".join(["margrpo bench step --config", args.config, f"--steps {args.steps}", *args.overrides])
-    load = report["machine"]
-    print(f"load average {load['load_average_before'][0]:.1f} -> {load['load_average_after'][0]:.1f} "
-          f"on {load['cpu_count']} cores, {args.steps} rounds (mean per step)")
+    machine = report["machine"]
+    print(header(machine))
+    print(f"load average (1 min) {machine['load_average_before'][0]:.2f} -> {machine['load_average_after'][0]:.2f} "
+          f"over the run, {args.steps} rounds")
     print(format_table(report))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
