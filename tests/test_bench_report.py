@@ -210,3 +210,19 @@ def test_rewards_report_pairs_remote_with_local(tmp_path, capsys):
     pair, alone = data["groups"]
     assert pair["rewards"] == ["jpeg_compressibility", "remote:jpeg_compressibility"] and alone["rewards"] == ["shapes"]
     assert all(sorted(o) == sorted(pair["rewards"]) for o in pair["order"]) and len(pair["order"]) == 4
+
+
+def test_host_report_structure(tmp_path, capsys):
+    from margrpo.bench import host as bench_host
+
+    order: list[list[str]] = []
+    rows = bench_host.adaln_overhead(tokens=8, width=16, calls=20, rounds=4, order=order)
+    assert [r.primitive for r in rows] == ["ln_modulate", "gate_residual", "torch.empty"]
+    for r in rows:
+        assert 0 < r.min_us <= r.p20_us <= r.p50_us <= r.p80_us and r.rounds == 4 and r.us_per_call == r.p50_us
+    assert len(order) == 4 and all(sorted(o) == sorted(r.primitive for r in rows) for o in order)
+    out = tmp_path / "host.json"
+    assert bench_host.main(["--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    _assert_header(capsys.readouterr().out, data["machine"])
+    assert {"adaln", "launches", "adaln_order"} <= set(data) and len(data["adaln_order"]) == data["adaln"][0]["rounds"]

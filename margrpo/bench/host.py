@@ -3,7 +3,9 @@
   adaln    CPU microseconds per fused adaLN call (heads.layers.ln_modulate / gate_residual on the
            Triton path) with the Triton kernel replaced by a stub: what margrpo adds on top of
            Triton's own launch, per call (a NOVA d6w1024 diffusion step makes 13 such calls), and
-           one torch.empty of the output's size for scale.
+           one torch.empty of the output's size for scale. p20 / p50 / p80 and min over rounds of
+           `calls` calls each, the three interleaved in a shuffled order per round (margrpo.bench.timing,
+           this thread's CPU time).
   launches kernel launches per diffusion step of a head (modulation + guided denoise), counted
            under a dispatch mode (margrpo.bench.op_counts) plus one per Triton kernel call, on the
            torch and the triton path.
@@ -16,14 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 import torch
 
-from margrpo.bench.machine import machine_description
+from margrpo.bench.machine import header, machine_description
+from margrpo.bench.timing import interleave
 from margrpo.bench.op_counts import count_ops
 from margrpo.heads import Guidance, layers, mar_head, nova_head
 from margrpo.heads.multi_seed import guided_output
@@ -68,29 +70,25 @@ def stubbed_adaln_kernels():
             setattr(adaln, name, kernel)
 
 
-def _per_call_us(fn, calls: int, rounds: int = 7) -> float:
-    """Median over `rounds` of the mean CPU time of `calls` calls of fn, in microseconds. CPU time of
-    this thread (not wall time): on a shared machine the wait for a core is not the wrapper's cost."""
-    per_round = []
-    for _ in range(rounds):
-        start = time.thread_time()
-        for _ in range(calls):
-            fn()
-        per_round.append((time.thread_time() - start) / calls * 1e6)
-    return statistics.median(per_round)
-
-
 @dataclass
 class AdalnRow:
     primitive: str
     x_shape: tuple[int, ...]
     modulation_shape: tuple[int, ...]
-    us_per_call: float
+    us_per_call: float  # the median over rounds (= p50_us)
+    p20_us: float
+    p50_us: float
+    p80_us: float
+    min_us: float
+    rounds: int
 
 
-def adaln_overhead(tokens: int = 1024, width: int = 1024, trajectories: int = 4, calls: int = 2000) -> list[AdalnRow]:
+def adaln_overhead(tokens: int = 1024, width: int = 1024, trajectories: int = 4, calls: int = 2000,
+                   rounds: int = 7, order: list | None = None) -> list[AdalnRow]:
     """Host microseconds per heads.layers adaLN call on the Triton path, kernels stubbed: x
-    [K+1, 1, N, W] against a CFG modulation [2, N, W], as in a guided multi-seed step."""
+    [K+1, 1, N, W] against a CFG modulation [2, N, W], as in a guided multi-seed step. Each round
+    times `calls` calls of each primitive in CPU time of this thread (not wall time: on a shared
+    machine the wait for a core is not the wrapper's cost); the rounds' orders go to `order`."""
     meta = torch.device("meta")
     x = torch.empty(trajectories, 1, tokens, width, device=meta)
     h = torch.empty(trajectories, 2, tokens, width, device=meta)
@@ -102,11 +100,23 @@ def adaln_overhead(tokens: int = 1024, width: int = 1024, trajectories: int = 4,
         # for scale: the output allocation alone (ln_modulate makes one; gate_residual writes in place)
         "torch.empty": (lambda: torch.empty(h.shape, device=meta), h),
     }
-    rows = []
+
+    def repeated(fn):
+        def run():
+            for _ in range(calls):
+                fn()
+        return run
+
     with torch.no_grad(), stubbed_adaln_kernels():
-        for name, (fn, first) in cases.items():
-            fn()
-            rows.append(AdalnRow(name, tuple(first.shape), tuple(mod.shape), _per_call_us(fn, calls)))
+        timed = interleave({name: repeated(fn) for name, (fn, _) in cases.items()}, torch.device("cpu"),
+                           min_time_s=0.0, warmup=1, min_rounds=rounds, max_rounds=rounds, clock=time.thread_time)
+    if order is not None:
+        order.extend(timed.order)
+    rows = []
+    for name, (_, first) in cases.items():
+        st = timed.stats(name)
+        per_call = [v * 1e3 / calls for v in (st.p20, st.p50, st.p80, st.min)]  # ms per round -> us per call
+        rows.append(AdalnRow(name, tuple(first.shape), tuple(mod.shape), per_call[1], *per_call, st.n))
     return rows
 
 
@@ -147,18 +157,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="margrpo bench host", description=__doc__.split("\n")[0])
     parser.add_argument("--json", help="write the rows and the machine description to this file")
     args = parser.parse_args(argv)
-    adaln, launches = adaln_overhead(), head_step_launches()
-    print(f"{'adaLN primitive':<15} {'x':<20} {'modulation':<16} {'us/call':>8}")
+    machine = machine_description(torch.device("cpu"))
+    print(header(machine), flush=True)
+    order: list[list[str]] = []
+    adaln, launches = adaln_overhead(order=order), head_step_launches()
+    print(f"{'adaLN primitive':<15} {'x':<20} {'modulation':<16} {'rounds':>6} {'p50 us':>8} {'p20 us':>8} "
+          f"{'p80 us':>8} {'min us':>8}")
     for r in adaln:
-        print(f"{r.primitive:<15} {str(r.x_shape):<20} {str(r.modulation_shape):<16} {r.us_per_call:>8.2f}")
+        print(f"{r.primitive:<15} {str(r.x_shape):<20} {str(r.modulation_shape):<16} {r.rounds:>6} {r.p50_us:>8.2f} "
+              f"{r.p20_us:>8.2f} {r.p80_us:>8.2f} {r.min_us:>8.2f}")
     print(f"\n{'head':<14} {'path':<7} {'N':>5} {'K+1':>4} {'aten':>5} {'triton':>7} {'launches/step':>14}")
     for r in launches:
         print(f"{r.head:<14} {r.path:<7} {r.tokens:>5} {r.trajectories:>4} {r.aten_launches:>5} {r.triton_launches:>7} "
               f"{r.launches_per_step:>14}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"machine": machine_description(torch.device("cpu")),
-                       "adaln": [asdict(r) for r in adaln], "launches": [asdict(r) for r in launches]}, f, indent=1)
+            json.dump({"machine": machine, "adaln": [asdict(r) for r in adaln], "adaln_order": order,
+                       "launches": [asdict(r) for r in launches]}, f, indent=1)
     return 0
 
 
