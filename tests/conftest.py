@@ -137,3 +137,14 @@ def make_tiny_checkpoint(tmp_path_factory, depth: int) -> Path:
     path = tmp_path_factory.mktemp("tiny") / "ckpt"
     model.save(path)
     return path
+
+
+def make_small_trainer(tmp_path, checkpoint, *overrides):
+    """A Trainer on a tiny checkpoint that logs, saves and evaluates nothing, on one thread; the caller's
+    overrides (rollout, grpo, rewards) come after these."""
+    from margrpo.train.config import load_config
+    from margrpo.train.trainer import Trainer
+
+    base = [f"backbone.checkpoint={checkpoint}", f"run.out_dir={tmp_path / 'run'}", "run.tensorboard=false",
+            "run.eval_every=0", "run.save_every=0", "run.threads=1"]
+    return Trainer(load_config(None, [*base, *overrides]), create_run_dir=False)

@@ -6,12 +6,11 @@ from collections import Counter
 import pytest
 import torch
 
-from conftest import make_tiny_checkpoint
+from conftest import make_small_trainer, make_tiny_checkpoint
 from margrpo.config import ConfigError
 from margrpo.rewards import Reward, register
 from margrpo.rollout import generate
 from margrpo.train import diagnostics
-from margrpo.train.config import load_config
 from margrpo.train.trainer import Trainer
 
 
@@ -29,13 +28,9 @@ def tiny_checkpoint(tmp_path_factory):
 
 
 def make(tmp_path, checkpoint, *extra) -> Trainer:
-    overrides = [
-        f"backbone.checkpoint={checkpoint}", f"run.out_dir={tmp_path / 'run'}", "run.tensorboard=false",
-        "run.eval_every=0", "run.save_every=0", "run.threads=1", "rollout.num_mask_steps=4",
-        "rollout.record_mask_steps=2", "rollout.record_diffusion_steps=2", "rollout.num_seeds=2", "grpo.mte=true",
-        "grpo.group_size=4", "grpo.prompts_per_step=2", "optim.lr=1e-3", *extra,
-    ]
-    return Trainer(load_config(None, overrides), create_run_dir=False)
+    return make_small_trainer(tmp_path, checkpoint, "rollout.num_mask_steps=4", "rollout.record_mask_steps=2",
+                              "rollout.record_diffusion_steps=2", "rollout.num_seeds=2", "grpo.mte=true",
+                              "grpo.group_size=4", "grpo.prompts_per_step=2", "optim.lr=1e-3", *extra)
 
 
 def rollout_of(trainer):

@@ -8,13 +8,12 @@ import json
 import pytest
 import torch
 
-from conftest import make_tiny_checkpoint
+from conftest import make_small_trainer, make_tiny_checkpoint
 from margrpo.config import ConfigError
 from margrpo.prompt_files import (PromptFileError, PromptRecord, prompts_and_metadata, read_prompt_records,
                                   reward_metadata, write_prompt_records)
 from margrpo.rewards import MissingMetadataError, Reward, build_reward, register, synthetic
 from margrpo.sample import read_prompts
-from margrpo.train.config import load_config
 from margrpo.train.trainer import Trainer
 
 LINES = [
@@ -141,13 +140,9 @@ def tiny_checkpoint(tmp_path_factory):
 
 
 def make(tmp_path, checkpoint, *extra) -> Trainer:
-    overrides = [
-        f"backbone.checkpoint={checkpoint}", f"run.out_dir={tmp_path / 'run'}", "run.tensorboard=false",
-        "run.eval_every=0", "run.save_every=0", "run.threads=1", "rollout.num_mask_steps=2",
-        "rollout.record_mask_steps=1", "rollout.record_diffusion_steps=1", "grpo.group_size=2",
-        "grpo.prompts_per_step=2", *extra,
-    ]
-    return Trainer(load_config(None, overrides), create_run_dir=False)
+    return make_small_trainer(tmp_path, checkpoint, "rollout.num_mask_steps=2", "rollout.record_mask_steps=1",
+                              "rollout.record_diffusion_steps=1", "grpo.group_size=2", "grpo.prompts_per_step=2",
+                              *extra)
 
 
 def test_the_trainer_passes_each_prompts_metadata_to_the_rewards(tmp_path, tiny_checkpoint):
