@@ -7,7 +7,8 @@ channels and counts tokens. For each recorded mask step j (one optimizer update 
 
     A        = (r - mean_G r) / (std_G r + 1e-4), std unbiased (torch's default)
     lp_t     = log N(x_prev_t; mu_t, s^2) per element, s the rollout's std (Harmon: trajectory 0's for
-               every trajectory, a constant; NOVA: the fixed-variance std of the step)
+               every trajectory, a constant, as the chain was sampled, under the pre-step canvas;
+               NOVA: the fixed-variance std of the step)
     term_t   = A exp(lp_t - stop_grad(lp_t))        (value A, gradient A d lp_t)
     crit     = top max(1, int(0.3 n)) positions of std over seeds of the final latent, channel mean
                (NOVA: per latent pixel, OR one random pixel)
@@ -103,6 +104,10 @@ class Case:
         self.config = load_config(PRESETS[model], [f"grpo.minibatches={M}", *overrides])
         self.trainer = Trainer.__new__(Trainer)  # for its advantages only
         self.trainer.config, self.trainer.rank = self.config, 0
+        if config.known_mask == "post_step":
+            # the rollout's std above is the post-step re-evaluation; the main chain was drawn with another
+            sampled_std = 0.2 + 0.3 * torch.rand(1, B, L, C, generator=gen, dtype=torch.float64)
+            self.rollout = dataclasses.replace(self.rollout, sampled_std=sampled_std)
 
     @property
     def theta(self) -> torch.Tensor:
@@ -225,7 +230,8 @@ def reference_losses(case: Case, *, mte: bool, consistency: bool, beta: float, s
     crit = critic_mask(case, selection_seed) if mte else None
     effective = [i for i, n in enumerate(r.reveal_counts) if n > 0]
     x_prev_all = r.x_prev
-    std_all = r.std[:1].expand_as(x_prev_all)  # the main chain's recorded std, for every trajectory
+    # the std the main chain was sampled with (post-step: the sampling-time one), for every trajectory
+    std_all = (r.std[:1] if r.sampled_std is None else r.sampled_std).expand_as(x_prev_all)
     out = []
     for j, mask_step in enumerate(r.plan.mask_steps):
         mean_all = case.policy_mean()
@@ -316,6 +322,24 @@ def test_mte_weighs_the_seeds_only():
 def test_harmon_recorded_main_chain_std():
     """3. Learned range: the rollout's std of trajectory 0 as a constant, for every trajectory."""
     assert_point("harmon", only(mte=True), ["grpo.likelihood_std=policy"], mte=True, consistency=False, beta=0.0)
+
+
+def relative_gradient_error(ours, reference) -> float:
+    """The largest |d loss / d theta - the reference's| over updates, relative to the reference's largest."""
+    return max(float((g - rg).abs().max() / rg.abs().max()) for g, rg in zip(ours[0], reference[0]))
+
+
+def test_harmon_recorded_main_takes_the_sampling_time_std():
+    """3b. With the post-step known mask the rollout's std is re-evaluated under the post-step canvas;
+    the reference holds the std the main chain was sampled with (pre-step canvas). The preset uses
+    that one; the re-evaluated one (the rollout without sampled_std) misses the reference."""
+    case = Case("harmon", only(mte=True, beta=0.5))
+    assert case.rollout.sampled_std is not None and not torch.allclose(case.rollout.sampled_std, case.rollout.std[:1])
+    reference = reference_losses(case, mte=True, consistency=False, beta=0.5)
+    ours = case.ours()
+    assert_updates_match(ours, reference)
+    case.rollout = dataclasses.replace(case.rollout, sampled_std=None)
+    assert relative_gradient_error(case.ours(), reference) > 1e-2
 
 
 @pytest.mark.parametrize("model", ["nova", "harmon"])

@@ -3,8 +3,9 @@
 With a fixed-variance sampler (fixed_small / fixed_large, flow SDE) both policies are Gaussians with
 the same std at a recorded step, so the exact KL is ||mu - mu_ref||^2 / (2 std^2) summed over
 channels. With learned-range variance (Harmon) the std also depends on z; `gaussian_kl` then uses the
-rollout's recorded std for both, which drops the variance term of the KL (use k3_logp for an
-estimator that sees both).
+std of the policy term's Gaussians (margrpo.grpo.policy_update.loss_std: the recorded std, or the
+constant of likelihood_std recorded_main) for both, which drops the variance term of the KL (use
+k3_logp with likelihood_std policy for an estimator that sees both).
 
 channel_reduction says how a transition's per-channel values become one number, and must match the
 policy term's (margrpo.grpo.objective): "sum" (a token's log-likelihood; the default, and the Harmon

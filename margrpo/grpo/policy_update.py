@@ -115,9 +115,14 @@ def positions_from_means(config: GRPOConfig) -> bool:
 def loss_std(chunk: RolloutChunk, config: GRPOConfig) -> torch.Tensor:
     """[T, b, l, C]: the std of the policy term's Gaussians when rebuilt from the means: the recorded
     std of every trajectory (the policy's for fixed variance), or trajectory 0's for all
-    (likelihood_std: recorded_main, the Harmon reference)."""
+    (likelihood_std: recorded_main, the Harmon reference). recorded_main takes the std the chain was
+    sampled with: with the post-step known mask the recorded `std` is re-evaluated under the
+    post-step canvas, and the reference holds the sampling-time one (`sampled_std`) constant."""
     std = chunk.std
-    return std[:1].expand_as(std) if config.likelihood_std == "recorded_main" else std
+    if config.likelihood_std != "recorded_main":
+        return std
+    main = std[:1] if chunk.sampled_std is None else chunk.sampled_std
+    return main.expand_as(std)
 
 
 def _take_positions(chunk: RolloutChunk, values: torch.Tensor) -> torch.Tensor:
@@ -179,10 +184,17 @@ def old_values(policy, rollout: Rollout, config: GRPOConfig, batches, bf16: bool
 def _chunk_loss(policy, chunk: RolloutChunk, advantages, weights, mte, kl_weights, config: GRPOConfig, bf16: bool):
     """The loss of one chunk, recomputed with gradient under the policy."""
     lik = likelihood(policy, chunk.rollout, config, steps=chunk.steps, bf16=bf16)
+    # one std for every Gaussian of the loss (the reference code has no Gaussian KL to copy): the old
+    # log-probs (the first update's ratio is then 1), the gaussian KL (the policy term's Gaussians)
+    # and, under recorded_main, k3's reference log-probs (the reference model's own std, e.g. the
+    # post-step one, is not the constant: k3 would not be 0 where the policy is the reference)
+    std, ref_logp = loss_std(chunk, config), chunk.ref_logp
     if positions_from_means(config):
-        x_prev, std, P = chunk.take(chunk.source.x_prev), loss_std(chunk, config), config.pixels_per_token
+        x_prev, P = chunk.take(chunk.source.x_prev), config.pixels_per_token
         logp = position_logp(x_prev, lik.mean.to(x_prev.dtype), std, P)
         old = position_logp(x_prev, chunk.old_mean, std, P)
+        if config.likelihood_std == "recorded_main" and config.kl_type == "k3_logp" and chunk.ref_mean is not None:
+            ref_logp = position_logp(x_prev, chunk.ref_mean.to(x_prev.dtype), std)
     else:
         logp, old = lik.logp, chunk.old_logp
     if config.objective == "reinforce":
@@ -193,8 +205,8 @@ def _chunk_loss(policy, chunk: RolloutChunk, advantages, weights, mte, kl_weight
         logp, old, advantages.index_select(0, rows), _take_positions(chunk, weights),
         mte_mask=None if mte is None else _take_positions(chunk, mte), clip_eps=config.clip_eps,
         clip_eps_high=config.clip_eps_high, kl_beta=kl_beta, kl_type=config.kl_type,
-        kl_weights=chunk.take(kl_weights), mean=lik.mean, std=loss_std(chunk, config), ref_mean=chunk.ref_mean,
-        ref_logp=chunk.ref_logp, mte_include_rollout=config.mte_include_rollout,
+        kl_weights=chunk.take(kl_weights), mean=lik.mean, std=std, ref_mean=chunk.ref_mean,
+        ref_logp=ref_logp, mte_include_rollout=config.mte_include_rollout,
         channel_reduction=config.channel_reduction, pixels_per_token=config.pixels_per_token,
     )
 

@@ -220,6 +220,8 @@ def generate(
             kept = positions
             if post_step:  # only the positions still unknown after the step; scored at the next step
                 drawn, kept = {name: drop_committed(v, B, n) for name, v in drawn.items()}, positions[:, n:]
+                # scoring replaces std; keep the one trajectory 0 was drawn with (likelihood_std recorded_main)
+                drawn["sampled_std"] = drawn["std"][:, :1]
                 pending = (j, kept, drawn) if kept.shape[1] else None  # the final step keeps none
             records[j] = {name: head_to_rollout(value, B, kept.shape[1]) for name, value in drawn.items()}
             if unknown_mode:
@@ -228,9 +230,9 @@ def generate(
         last_prediction = prediction
         start += n
 
-    def cat(name: str, tail: tuple[int, ...]) -> torch.Tensor:
+    def cat(name: str, tail: tuple[int, ...], trajectories: int = K + 1) -> torch.Tensor:
         parts = [r[name] for r in records]
-        return torch.cat(parts, 2) if parts else torch.zeros(K + 1, B, 0, *tail, device=device, dtype=dtype)
+        return torch.cat(parts, 2) if parts else torch.zeros(trajectories, B, 0, *tail, device=device, dtype=dtype)
 
     return Rollout(
         prompts=list(prompts),
@@ -251,4 +253,5 @@ def generate(
         cfg_scales=tuple(cfg_scales),
         config=config,
         sampler=sampler,
+        sampled_std=cat("sampled_std", (C,), trajectories=1) if post_step else None,
     )

@@ -7,7 +7,9 @@ post-step canvas. The post-step canvas is exactly what the next effective mask s
 so generate scores them there, with no extra backbone pass: it drops the step's committed positions
 from the record (`drop_committed`), keeps x_t and x_prev as drawn, and replaces mean, std and logp
 with the policy's Gaussian under the next step's z (`score_transitions`), the same quantity
-rollout_logprob recomputes with gradient.
+rollout_logprob recomputes with gradient. The std trajectory 0 was drawn with (under the pre-step
+canvas) stays in the rollout as `sampled_std`: the reference trains with that one as a constant
+(grpo.likelihood_std: recorded_main).
 """
 from __future__ import annotations
 

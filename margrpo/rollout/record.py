@@ -46,7 +46,7 @@ from .plan import RecordPlan
 RECORDED = ("x_t", "x_prev", "mean", "std", "logp")  # the per-transition fields, in the head's names
 # the trajectory-first fields (transitions [T, B, L, ...], seed tokens [K, B, N, C]): their image
 # axis is 1; every other tensor field's is 0
-TRAJECTORY_FIRST = (*RECORDED, "old_logp", "old_mean", "ref_logp", "ref_mean", "seed_tokens")
+TRAJECTORY_FIRST = (*RECORDED, "sampled_std", "old_logp", "old_mean", "ref_logp", "ref_mean", "seed_tokens")
 
 
 def head_to_rollout(values: torch.Tensor, B: int, P: int) -> torch.Tensor:
@@ -81,6 +81,12 @@ class Rollout:
       With the post-step known mask, x_t and x_prev are the chain drawn at the step (under the
       pre-step canvas, as the reference code records them) while mean, std and logp are the
       policy's Gaussian under the post-step canvas, the one the likelihood scores them with.
+      sampled_std        fp32  [1, B, L, C]    post-step known mask only (else None): the std
+                                               trajectory 0 was drawn with at the step, under the
+                                               pre-step canvas (a learned-range std depends on z;
+                                               grpo.likelihood_std recorded_main uses it, as the
+                                               reference code does). Trajectory 0 only: nothing
+                                               reads the seeds' sampling-time std.
     Predicted clean latents for consistency-aware selection ("unknown" mode only; None in "revealed"
     mode, where every transition belongs to a token committed at its step, which the selection keeps):
       pred_clean         fp32  [B, M, N, C]    at recorded mask step j, the clean latent the head
@@ -102,6 +108,7 @@ class Rollout:
 
     Memory in bytes, with f = 4 bytes per float (8 for fp64), int64 = 8, L = R * sum_j P_j:
         8 B (1 + N) + f B [N C (1 + K) + 3 H W + (K + 1) L (4 C + 1)]   [+ 2 f B M N C in unknown mode]
+                                                                         [+ f B L C with post_step]
     e.g. NOVA-like B=16, N=1024, C=16, K=3, 512x512 images, M=12, R=10: revealed mode (L = 10 x ~195)
     87 MB, of which the images are 50 MB; unknown mode (L = 10 x ~7850) about 1.4 GB.
     `nbytes()` returns the actual count; `footprint(...)` evaluates this formula.
@@ -125,6 +132,7 @@ class Rollout:
     cfg_scales: tuple[float, ...]
     config: RolloutConfig
     sampler: Any
+    sampled_std: torch.Tensor | None = None
     old_logp: torch.Tensor | None = None
     old_mean: torch.Tensor | None = None
     ref_logp: torch.Tensor | None = None
@@ -300,9 +308,10 @@ class Rollout:
 
     @staticmethod
     def footprint(B: int, N: int, C: int, K: int, H: int, W: int, L: int, M: int, unknown_mode: bool,
-                  float_bytes: int = 4) -> int:
+                  float_bytes: int = 4, post_step: bool = False) -> int:
         """The memory formula of the class docstring, in bytes."""
         floats = N * C * (1 + K) + 3 * H * W + (K + 1) * L * (4 * C + 1) + (2 * M * N * C if unknown_mode else 0)
+        floats += L * C if post_step else 0
         return 8 * B * (1 + N) + float_bytes * B * floats
 
 
@@ -350,6 +359,11 @@ class RolloutChunk:
     @property
     def std(self) -> torch.Tensor:
         return self.take(self.source.std)
+
+    @property
+    def sampled_std(self) -> torch.Tensor | None:
+        """[1, b, l, C]: trajectory 0's sampling-time std (post-step known mask only, else None)."""
+        return None if self.source.sampled_std is None else self.take(self.source.sampled_std)
 
     @property
     def ref_logp(self) -> torch.Tensor | None:
