@@ -418,7 +418,8 @@ def test_weights_that_do_not_fit_are_listed(tiny_dir, tmp_path):
 # on a random-init head, whose 4-step chains reach means of 1e4 (a trained head's stay O(1))
 PARITY = ["backbone.options={reference_behaviour: true}", "grpo.objective=reinforce", "grpo.likelihood_cfg=none",
           "grpo.minibatch_over=mask_steps", "grpo.minibatches=2", "rollout.likelihood_positions=unknown",
-          "grpo.consistency=true", "grpo.consistency_start_step=1", "rollout.known_mask=post_step"]
+          "grpo.consistency=true", "grpo.consistency_start_step=1", "rollout.known_mask=post_step",
+          "grpo.likelihood_std=recorded_main"]
 
 
 @pytest.mark.parametrize("extra", [[], PARITY], ids=["default", "parity"])

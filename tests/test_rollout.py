@@ -417,6 +417,7 @@ def test_l_layout_helpers(backbone, sampler):
 
 @pytest.mark.parametrize("overrides", [
     dict(), dict(likelihood_positions="unknown", num_seeds=3, cfg_scale=2.0), dict(record_mask_steps=0),
+    dict(likelihood_positions="unknown", known_mask="post_step"),
 ])
 def test_memory_formula_matches_bytes(backbone, backbone64, sampler, overrides):
     from margrpo.rollout import Rollout
@@ -426,9 +427,11 @@ def test_memory_formula_matches_bytes(backbone, backbone64, sampler, overrides):
     K, (H, W) = rollout.seed_tokens.shape[0], rollout.images.shape[2:]
     L, M = rollout.logp.shape[-1], rollout.plan.num_mask_steps
     unknown = rollout.config.likelihood_positions == "unknown"
-    assert rollout.nbytes() == Rollout.footprint(B, N, C, K, H, W, L, M, unknown) > 0
+    post_step = rollout.config.known_mask == "post_step"
+    assert rollout.nbytes() == Rollout.footprint(B, N, C, K, H, W, L, M, unknown, post_step=post_step) > 0
     rollout64 = _run(backbone64, sampler, _config(**overrides))
-    assert rollout64.nbytes() == Rollout.footprint(B, N, C, K, H, W, L, M, unknown, float_bytes=8)
+    assert rollout64.nbytes() == Rollout.footprint(B, N, C, K, H, W, L, M, unknown, float_bytes=8,
+                                                   post_step=post_step)
 
 
 # ---------------------------------------------------------------- seeding of the rollout

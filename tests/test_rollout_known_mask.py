@@ -261,3 +261,52 @@ def test_one_trainer_step_with_post_step_is_on_policy(tmp_path, tiny):
     metrics = trainer.train_step()
     assert "skipped" not in metrics and metrics["updates"] == 1
     assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and metrics["grad_norm"] > 0
+
+
+@pytest.mark.parametrize("variance", ["fixed", "learned"])
+def test_sampled_std_is_the_pre_step_draws_std(request, variance):
+    """The std trajectory 0 was drawn with at the step (under the pre-step canvas): the pre-step
+    rollout's std of the same transitions. The recorded std is the post-step re-evaluation, which a
+    learned-range head changes; a fixed variance does not."""
+    model, sampler = request.getfixturevalue("tiny" if variance == "fixed" else "tiny_learned")
+    post = generate(model, PROMPTS, _config(), SEEDS, sampler=sampler, plan=PLAN)
+    pre = generate(model, PROMPTS, _config(known_mask="pre_step"), SEEDS, sampler=sampler, plan=PLAN)
+    assert pre.sampled_std is None
+    B, L, C = len(PROMPTS), post.num_transitions, model.token_channels
+    assert post.sampled_std.shape == (1, B, L, C) and post.sampled_std.dtype == post.std.dtype
+    for j in range(PLAN.num_mask_steps):
+        n, P_pre, P_post = pre.step_revealed(j), pre.step_positions_count(j), post.step_positions_count(j)
+        drawn = pre.std[:1, :, pre.l_slice(j)].unflatten(2, (-1, P_pre))[:, :, :, n:]
+        sampled = post.sampled_std[:, :, post.l_slice(j)].unflatten(2, (-1, P_post))
+        torch.testing.assert_close(sampled, drawn, rtol=0, atol=0)
+    assert (post.sampled_std > 0).all()
+    if variance == "learned":
+        assert not torch.allclose(post.sampled_std, post.std[:1], rtol=1e-3, atol=0)
+    else:
+        torch.testing.assert_close(post.sampled_std, post.std[:1], rtol=1e-12, atol=0)
+    # selection, chunks and moves carry it like the other trajectory-first fields
+    part = post.select([2, 0])
+    assert torch.equal(part.sampled_std, post.sampled_std[:, [2, 0]])
+    chunk = post.chunk([1, 2], [1])
+    assert torch.equal(chunk.sampled_std, post.sampled_std[:, 1:3, post.l_slice(1)])
+    assert post.to("meta").sampled_std.device.type == "meta"
+
+
+def test_recorded_main_update_is_on_policy_with_the_sampling_time_std(tiny_learned):
+    """post_step + likelihood_std recorded_main + the clipped ratio on a learned-range head: the old
+    log-probs use the same sampling-time std, so the first update's ratio is 1, and k3 against a
+    reference equal to the policy is 0 (its reference log-probs use that std too, not the
+    reference head's post-step std)."""
+    from margrpo.grpo import GRPOConfig, update
+
+    model, sampler = tiny_learned
+    rollout = generate(model, PROMPTS, _config(), SEEDS, sampler=sampler, plan=PLAN)
+    policy, reference = copy.deepcopy(model), copy.deepcopy(model)
+    config = GRPOConfig(group_size=3, prompts_per_step=1, objective="clip", likelihood_std="recorded_main",
+                        kl_type="k3_logp", kl_beta=0.1)
+    advantages = torch.tensor([1.0, -0.5, -0.5], dtype=torch.float64)
+    result = update(policy, reference, rollout, advantages, config, torch.optim.SGD(policy.parameters(), lr=0.0))
+    assert result.skipped is None and result.metrics["grad_norm"] > 0
+    assert result.metrics["ratio_max"] == pytest.approx(1.0, abs=1e-9)
+    assert result.metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-9)
+    assert result.metrics["kl"] == pytest.approx(0.0, abs=1e-12)

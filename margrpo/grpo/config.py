@@ -70,7 +70,8 @@ class GRPOConfig:
     consistency_start_step: int = 2  # effective mask-step index from which it applies (third step)
     likelihood_cfg: Literal["rollout", "none"] = "rollout"  # none: the reference code's unguided likelihood
     # the std of the training Gaussians: the current policy's (learned-range: a function of z, with
-    # gradient), or recorded_main: the rollout's recorded std of trajectory 0 as a constant for every
-    # trajectory (the Harmon reference). Equal for fixed-variance samplers.
+    # gradient), or recorded_main: the std trajectory 0 was sampled with (Rollout.sampled_std under the
+    # post-step known mask, else the recorded std) as a constant for every trajectory (the Harmon
+    # reference). Equal for fixed-variance samplers.
     likelihood_std: Literal["policy", "recorded_main"] = "policy"
     lora: LoRAConfig = field(default_factory=LoRAConfig)
