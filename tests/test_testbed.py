@@ -277,6 +277,69 @@ def test_blank_image_scores_zero_except_vacuous_spatial():
     assert scores["spatial"].tolist() == [1.0, 0.0]  # no relation to violate in the first prompt
 
 
+# ---------------------------------------------------------------- partial credit
+
+
+def square_image(side: int, color: str = "red", size: int = 32) -> torch.Tensor:
+    """float [1, 3, size, size]: one filled square of `side` pixels of a palette color on black."""
+    from margrpo.testbed.world import COLORS
+
+    image = torch.zeros(1, 3, size, size)
+    image[0, :, 4 : 4 + side, 4 : 4 + side] = torch.tensor(COLORS[color])[:, None, None]
+    return image
+
+
+@pytest.mark.parametrize("category", [None, "counting", "spatial"])
+def test_partial_credit_equals_exact_on_rendered_and_mildly_noisy_scenes(category):
+    prompts = random_prompts(48, seed=21, category=category)
+    images = render_batch(prompts, 21)
+    noisy = (images + 0.05 * torch.randn(images.shape, generator=torch.Generator().manual_seed(3))).clamp(0, 1)
+    for batch in (images, noisy):
+        exact, partial = score(batch, prompts), score(batch, prompts, partial_credit=True)
+        for key in KEYS:
+            torch.testing.assert_close(partial[key], exact[key], atol=1e-3, rtol=0)
+
+
+def test_partial_credit_rises_with_a_near_object_where_exact_is_flat():
+    # a 3x3 square (area 9) is below MIN_AREA 16: no object; it becomes one at 4x4
+    sides = [2, 3, 4, 5]
+    prompts = ["a red square"] * len(sides)
+    images = torch.cat([square_image(s) for s in sides])
+    exact = score(images, prompts)["color"].tolist()
+    partial = score(images, prompts, partial_credit=True)["color"].tolist()
+    assert exact == [0.0, 0.0, 1.0, 1.0]
+    assert partial[0] == 0.0 and 0.0 < partial[1] < 1.0 and partial[2:] == [1.0, 1.0]
+    # a wrong color earns nothing in either mode
+    assert score(square_image(5, "blue"), ["a red square"], partial_credit=True)["color"].item() == 0.0
+
+
+def test_partial_count_scores_the_distance_to_the_asked_count():
+    # two 4x4 red squares (objects) and a 3x3 one (area 9 < MIN_AREA: a near-object of quality 1/8)
+    image = square_image(4)
+    image[0, :, 20:24, 20:24] = image[0, :, 4:8, 4:8]
+    image[0, :, 4:7, 20:23] = image[0, :, 4:7, 4:7]
+    found = detect(image, partial_credit=True)
+    assert sorted(found.quality.tolist()) == pytest.approx([0.125, 1.0, 1.0])
+    have = float((found.quality * found.shape_probs[:, SHAPES.index("square")]).sum())
+    exact = score(image, ["two red squares"])["count"].item()
+    partial = score(image, ["two red squares"], partial_credit=True)["count"].item()
+    assert exact == 1.0  # the near-object is no object: two found, two asked
+    # partial credit counts it as 1/8 of a square: both checks (group and total) score 1 - 1/8
+    assert partial == pytest.approx(1 - abs(have - 2), abs=1e-5) and 0.85 < partial < 0.9
+
+
+def test_shapes_reward_partial_credit_option():
+    from margrpo.rewards import build_reward
+
+    images = torch.cat([square_image(3), square_image(5)])
+    prompts = ["a red square", "a red square"]
+    exact = build_reward("shapes").score(images, prompts, None)
+    partial = build_reward("shapes", partial_credit=True).score(images, prompts, None)
+    assert exact[0] == 0 and 0 < partial[0] < partial[1] == exact[1] == 1
+    with pytest.raises(ValueError, match="partial_credit"):
+        build_reward("shapes", partial_credit="yes")
+
+
 # ---------------------------------------------------------------- verifier API
 
 

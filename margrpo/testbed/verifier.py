@@ -21,6 +21,17 @@ Scores, each a float tensor [B] in [0, 1]:
   overall  mean of the categories that apply: color, shape, count, and spatial for spatial prompts.
 `applicable` says which categories a prompt exercises; `evaluate` averages each score only over the
 prompts it applies to, plus "exact" = the fraction of images that satisfy their prompt completely.
+
+Partial credit (`score(..., partial_credit=True)`, a training reward, never the evaluation): the
+exact scores move only when a component crosses a threshold, so most small changes of an image leave
+them unchanged. With partial credit every component carries a quality in [0, 1] instead of pass/fail:
+1 where it passes the object tests, falling linearly to 0 over a margin below each threshold (area
+from MIN_AREA to half of it, side from MIN_SIDE to 1 pixel, aspect from MAX_ASPECT to twice it, fill
+from MIN_FILL to MIN_FILL - FILL_MARGIN), the product over the tests; and a shape distribution (a
+softmax over the prototype distances, width SHAPE_SOFTNESS) instead of the nearest prototype. Counts
+become sums of quality x shape probability, presence scores use them as they are, and a count check
+scores 1 - |found - asked| (at least 0), which is the exact check on integer counts. Spatial stays
+exact (objects of quality 1). On cleanly rendered scenes both modes agree (tests/test_testbed.py).
 """
 from __future__ import annotations
 
@@ -38,6 +49,8 @@ MAX_ASPECT = 2.0  # rendered shapes have square boxes; allow blurry ones up to 2
 MIN_FILL = 0.45  # area / box area; rendered triangles fill about 0.57-0.67
 RELATION_MARGIN = 1.0  # pixels at 32x32
 ASYMMETRY_WEIGHT = 2.0  # weight of the vertical asymmetry against the fill ratio in shape matching
+FILL_MARGIN = 0.15  # partial credit: the fill ratio's quality falls to 0 over this margin below MIN_FILL
+SHAPE_SOFTNESS = 0.03  # partial credit: width of the shape softmax in (fill, weighted asymmetry) units
 # (fill ratio, vertical asymmetry) per shape, in SHAPES order
 SHAPE_PROTOTYPES = torch.tensor([[1.0, 0.0], [0.8, 0.0], [0.6, 0.12]], dtype=torch.float64)
 CATEGORY_KEYS = ("color", "shape", "count", "spatial")
@@ -54,12 +67,27 @@ class Detections:
     shape: torch.Tensor  # int64 [M], index into SHAPES
     center: torch.Tensor  # float64 [M, 2]: (x, y) centroid in pixels
     area: torch.Tensor  # int64 [M]
+    quality: torch.Tensor  # float64 [M]: 1 for an object; in (0, 1) for a near-object (partial credit)
+    shape_probs: torch.Tensor  # float64 [M, shapes]: one-hot of `shape`, or its softmax (partial credit)
 
     def counts(self, batch: int) -> torch.Tensor:
         """int64 [B, colors, shapes]: how many objects of each kind each image holds."""
         counts = torch.zeros(batch, len(COLOR_NAMES), len(SHAPES), dtype=torch.int64)
         counts.index_put_((self.image, self.color, self.shape), torch.ones_like(self.image), accumulate=True)
         return counts
+
+    def soft_counts(self, batch: int) -> torch.Tensor:
+        """float64 [B, colors, shapes]: sum of quality x shape probability per kind (= counts() for
+        exact detections)."""
+        counts = torch.zeros(batch, len(COLOR_NAMES), len(SHAPES), dtype=torch.float64)
+        counts.index_put_((self.image, self.color), self.quality[:, None] * self.shape_probs, accumulate=True)
+        return counts
+
+    def objects(self) -> "Detections":
+        """Only the components that pass every object test (quality 1)."""
+        keep = self.quality == 1
+        return Detections(self.image[keep], self.color[keep], self.shape[keep], self.center[keep], self.area[keep],
+                          self.quality[keep], self.shape_probs[keep])
 
 
 def as_float_images(images: torch.Tensor) -> torch.Tensor:
@@ -79,8 +107,14 @@ def as_float_images(images: torch.Tensor) -> torch.Tensor:
     return images.detach().float().cpu().clamp(0, 1)
 
 
-def detect(images: torch.Tensor) -> Detections:
-    """Segment images (see the module docstring) into colored, shaped objects."""
+def _ramp(value: torch.Tensor, zero_at: float, one_at: float) -> torch.Tensor:
+    """0 at zero_at, 1 at one_at and beyond, linear between (either direction)."""
+    return ((value - zero_at) / (one_at - zero_at)).clamp(0, 1)
+
+
+def detect(images: torch.Tensor, partial_credit: bool = False) -> Detections:
+    """Segment images (see the module docstring) into colored, shaped objects; with partial credit
+    also the near-objects, each with its quality and shape distribution."""
     images = as_float_images(images)
     batch, _, height, width = images.shape
     pixel_scale = height * width / IMAGE_SIZE**2
@@ -121,11 +155,21 @@ def detect(images: torch.Tensor) -> Detections:
     asymmetry = (center[:, 1] - top) / box_h - 0.5
     features = torch.stack([fill, ASYMMETRY_WEIGHT * asymmetry], 1)
     prototypes = SHAPE_PROTOTYPES * torch.tensor([1.0, ASYMMETRY_WEIGHT], dtype=torch.float64)
-    shape = torch.cdist(features, prototypes).argmin(1)
+    distance = torch.cdist(features, prototypes)
+    shape = distance.argmin(1)
 
     aspect = torch.maximum(box_h / box_w, box_w / box_h)
-    keep = (area >= MIN_AREA * pixel_scale) & (box_h >= MIN_SIDE) & (box_w >= MIN_SIDE)
-    keep &= (aspect <= MAX_ASPECT) & (fill >= MIN_FILL)
+    side = torch.minimum(box_h, box_w)
+    min_area = MIN_AREA * pixel_scale
+    if partial_credit:
+        quality = (_ramp(area.double(), min_area / 2, min_area) * _ramp(side, 1, MIN_SIDE)
+                   * _ramp(aspect, 2 * MAX_ASPECT, MAX_ASPECT) * _ramp(fill, MIN_FILL - FILL_MARGIN, MIN_FILL))
+        shape_probs = torch.softmax(-distance.square() / (2 * SHAPE_SOFTNESS**2), 1)
+    else:
+        passes = (area >= min_area) & (side >= MIN_SIDE) & (aspect <= MAX_ASPECT) & (fill >= MIN_FILL)
+        quality = passes.double()
+        shape_probs = F.one_hot(shape, len(SHAPES)).double()
+    keep = quality > 0
     per_image = len(COLOR_NAMES) * (height * width + 1)
     return Detections(
         image=(keys // per_image)[keep],
@@ -133,6 +177,8 @@ def detect(images: torch.Tensor) -> Detections:
         shape=shape[keep],
         center=center[keep],
         area=area[keep],
+        quality=quality[keep],
+        shape_probs=shape_probs[keep],
     )
 
 
@@ -148,7 +194,7 @@ def _requested_counts(specs: list[SceneSpec]) -> torch.Tensor:
 def _presence_score(found: torch.Tensor, asked: torch.Tensor) -> torch.Tensor:
     """Mean over the kinds a prompt names (asked > 0) of min(found, asked) / asked; [B, kinds] each."""
     named = asked > 0
-    present = torch.minimum(found, asked).double() / asked.clamp(min=1)
+    present = torch.minimum(found.double(), asked.double()) / asked.clamp(min=1)
     return (present * named).sum(1) / named.sum(1)
 
 
@@ -183,12 +229,18 @@ def _spatial_score(specs: list[SceneSpec], found: Detections, pixel_scale: float
     return torch.where(has_relation, satisfied.double(), torch.ones(batch, dtype=torch.float64))
 
 
-def score(images: torch.Tensor, prompts: list[str]) -> dict[str, torch.Tensor]:
+def _match_score(found: torch.Tensor, asked: torch.Tensor) -> torch.Tensor:
+    """1 - |found - asked|, at least 0: [found == asked] for integer counts, partial credit between."""
+    return (1 - (found.double() - asked.double()).abs()).clamp(min=0)
+
+
+def score(images: torch.Tensor, prompts: list[str], partial_credit: bool = False) -> dict[str, torch.Tensor]:
     """Verifier scores of images against prompts: keys color, shape, count, spatial, overall, each a
     float32 tensor [B] in [0, 1] (see the module docstring for the exact definitions).
 
     images: float [B, 3, H, W] in [0, 1] or uint8 [B, H, W, 3]; prompts: B ShapesWorld prompts
-    (unknown words raise ValueError naming them).
+    (unknown words raise ValueError naming them). partial_credit: the training reward's variant
+    (module docstring); False gives the exact verifier.
     """
     specs = [parse_prompt(p) for p in prompts]
     images = as_float_images(images)
@@ -197,19 +249,19 @@ def score(images: torch.Tensor, prompts: list[str]) -> dict[str, torch.Tensor]:
     batch = len(specs)
     if batch == 0:
         return {key: torch.zeros(0) for key in (*CATEGORY_KEYS, "overall")}
-    found = detect(images)
-    have, asked = found.counts(batch), _requested_counts(specs)
+    found = detect(images, partial_credit)
+    have, asked = found.soft_counts(batch), _requested_counts(specs)
 
     scores = {
         "color": _presence_score(have.sum(2), asked.sum(2)),
         "shape": _presence_score(have.sum(1), asked.sum(1)),
     }
     named = asked > 0
-    exact_groups = ((have == asked) & named).sum((1, 2))
-    exact_total = have.sum((1, 2)) == asked.sum((1, 2))
-    scores["count"] = (exact_groups + exact_total).double() / (named.sum((1, 2)) + 1)
+    matched_groups = (_match_score(have, asked) * named).sum((1, 2))
+    matched_total = _match_score(have.sum((1, 2)), asked.sum((1, 2)))
+    scores["count"] = (matched_groups + matched_total) / (named.sum((1, 2)) + 1)
     pixel_scale = images.shape[2] * images.shape[3] / IMAGE_SIZE**2
-    scores["spatial"] = _spatial_score(specs, found, pixel_scale)
+    scores["spatial"] = _spatial_score(specs, found.objects(), pixel_scale)
 
     is_spatial = torch.tensor([spec.relation is not None for spec in specs], dtype=torch.float64)
     total = scores["color"] + scores["shape"] + scores["count"] + scores["spatial"] * is_spatial
