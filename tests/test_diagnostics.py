@@ -130,6 +130,34 @@ def test_gradient_variance_is_paired_and_restores_the_settings(tmp_path, tiny_ch
     assert trainer.config.grpo.mte is True and trainer.step == 0
     with pytest.raises(ValueError, match="rollouts"):
         diagnostics.gradient_variance(trainer, rollouts=1)
+    ratio, low, high = diagnostics.variance_ratio(a, b)
+    assert ratio == pytest.approx(1, rel=1e-12) and low == pytest.approx(1, rel=1e-9) and high == pytest.approx(1, rel=1e-9)
+    ratio, low, high = diagnostics.variance_ratio(off, a)
+    assert ratio == pytest.approx(off.total_variance / a.total_variance) and low <= high
+
+
+def test_variance_ratio_bootstrap_matches_direct_resampling():
+    generator = torch.Generator().manual_seed(0)
+    n, dim = 7, 50
+    flats = {"x": torch.randn(n, dim, generator=generator, dtype=torch.float64),
+             "y": 3 * torch.randn(n, dim, generator=generator, dtype=torch.float64)}
+
+    def result(name):
+        flat = flats[name]
+        total = float((flat - flat.mean(0)).pow(2).sum() / (n - 1))
+        return diagnostics.GradientVariance(name, n, 0.0, total, 0.0, 0.0, gram=flat @ flat.T)
+
+    x, y = result("x"), result("y")
+    # the Gram-matrix form of one resample equals the variance computed from the resampled rows
+    picks = torch.tensor([0, 0, 3, 5, 5, 5, 6])
+    counts = torch.bincount(picks, minlength=n).double()
+    direct = float((flats["x"][picks] - flats["x"][picks].mean(0)).pow(2).sum() / (n - 1))
+    assert float(diagnostics._total_variance(x.gram, counts)) == pytest.approx(direct, rel=1e-12)
+    ratio, low, high = diagnostics.variance_ratio(x, y)
+    assert ratio == pytest.approx(x.total_variance / y.total_variance)
+    assert low < ratio < high and high < 1  # y's gradients are 3x larger: the ratio is near 1/9
+    with pytest.raises(ValueError, match="same rollouts"):
+        diagnostics.variance_ratio(x, diagnostics.GradientVariance("z", n, 0.0, 1.0, 0.0, 0.0))
 
 
 def test_common_group_noise_shares_the_order_within_groups_only(tmp_path, tiny_checkpoint):

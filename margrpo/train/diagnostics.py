@@ -150,6 +150,33 @@ class GradientVariance:
     # unbiased estimate of ||E g||^2 (mean_sq_norm overstates it by total_variance / rollouts); near
     # or below 0: the expected gradient is not detectable in one step's estimate
     signal_sq_norm: float
+    gram: torch.Tensor | None = field(repr=False, default=None)  # float64 [n, n]: g_i . g_j, for variance_ratio
+
+
+def _total_variance(gram: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Unbiased trace of the covariance of the sample that takes rollout i counts[..., i] times
+    (counts [..., n] summing to n), from the Gram matrix [n, n] of the rollouts' gradients."""
+    n = counts.shape[-1]
+    diagonal = (counts * gram.diagonal()).sum(-1)
+    cross = torch.einsum("...i,ij,...j->...", counts, gram, counts)
+    return (diagonal - cross / n) / (n - 1)
+
+
+def variance_ratio(a: GradientVariance, b: GradientVariance, resamples: int = 4000, seed: int = 0,
+                   ) -> tuple[float, float, float]:
+    """tr Cov of variant a / tr Cov of variant b, and its 95% paired-bootstrap interval (the same
+    resampled rollouts for both variants, which share their rollouts)."""
+    if a.gram is None or b.gram is None or a.gram.shape != b.gram.shape:
+        raise ValueError("variance_ratio: needs two results of one gradient_variance call (same rollouts)")
+    n = a.gram.shape[0]
+    centre = torch.eye(n, dtype=torch.float64) - 1 / n  # variances do not move with the origin; centred
+    grams = [centre @ g.double() @ centre for g in (a.gram, b.gram)]  # Grams avoid cancellation
+    picks = torch.randint(n, (resamples, n), generator=torch.Generator().manual_seed(seed))
+    counts = torch.zeros(resamples, n, dtype=torch.float64).scatter_add_(1, picks, torch.ones(resamples, n, dtype=torch.float64))
+    counts = counts[(counts > 0).sum(1) >= 2]  # a resample of one rollout repeated has no variance
+    ratios = _total_variance(grams[0], counts) / _total_variance(grams[1], counts)
+    low, high = torch.quantile(ratios, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
+    return a.total_variance / b.total_variance, low, high
 
 
 def gradient_variance(trainer, rollouts: int = 6, variants: dict[str, dict[str, object]] | None = None
@@ -173,7 +200,8 @@ def gradient_variance(trainer, rollouts: int = 6, variants: dict[str, dict[str, 
             mean = flat.mean(0)
             total = float((flat - mean).pow(2).sum(1).sum() / (rollouts - 1))
             sq = float(mean.pow(2).sum())
-            out.append(GradientVariance(name, rollouts, sq, total, total / max(sq, 1e-300), sq - total / rollouts))
+            out.append(GradientVariance(name, rollouts, sq, total, total / max(sq, 1e-300), sq - total / rollouts,
+                                        gram=flat @ flat.T))
     finally:
         for key, value in saved.items():
             setattr(grpo, key, value)
@@ -257,7 +285,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.variance:
         print(f"policy-gradient variance over {args.variance} rollouts (same rollouts for each variant):")
         print(f"  {'variant':<14} {'|mean g|^2':>11} {'tr Cov':>11} {'relative':>9} {'|E g|^2 est':>12}")
-        for v in gradient_variance(trainer, args.variance, variants):
+        results = gradient_variance(trainer, args.variance, variants)
+        for v in results:
             print(f"  {v.variant:<14} {v.mean_sq_norm:>11.4g} {v.total_variance:>11.4g} {v.relative_variance:>9.3f}"
                   f" {v.signal_sq_norm:>12.4g}")
+        ratio, low, high = variance_ratio(results[0], results[1])
+        print(f"  tr Cov {results[0].variant} / {results[1].variant}: {ratio:.3f} "
+              f"(95% paired bootstrap over rollouts: [{low:.3f}, {high:.3f}])")
     return 0
