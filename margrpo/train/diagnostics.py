@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import re
 import warnings
 from dataclasses import dataclass, field
 
@@ -129,7 +130,7 @@ def _step_gradient(trainer, step: int) -> list[torch.Tensor]:
     trainer.optimizer, trainer.step = capture, step
     try:
         with warnings.catch_warnings():  # the scheduler steps although the stand-in optimizer did not
-            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
+            warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()`"))
             metrics = trainer.train_step()
     finally:
         trainer.optimizer, trainer.step = optimizer, current
