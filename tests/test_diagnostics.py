@@ -177,6 +177,20 @@ def test_common_group_noise_shares_the_order_within_groups_only(tmp_path, tiny_c
     assert not torch.allclose(rollout.logp[:, 0], rollout.logp[:, 1])
 
 
+def test_antithetic_group_noise_mirrors_pairs_and_trains(tmp_path, tiny_checkpoint):
+    trainer = make(tmp_path, tiny_checkpoint, "grpo.group_noise=antithetic", "rewards={test_diagnostics_brightness: 1.0}")
+    _, rollout = trainer.rollout(0)
+    groups = rollout.order.view(2, 4, -1)
+    assert all(torch.equal(g[0], g[i]) for g in groups for i in range(4))
+    drawn = (rollout.x_prev[0] - rollout.mean[0]) / rollout.std[0]  # [B, L, C], the main trajectory
+    torch.testing.assert_close(drawn[1::2], -drawn[0::2], atol=1e-5, rtol=1e-5)
+    assert (drawn[2] + drawn[0]).abs().max() > 1e-2
+    metrics = trainer.train_step()
+    assert metrics["updates"] == 1 and metrics["grad_norm"] > 0
+    with pytest.raises(ConfigError, match="even"):
+        make(tmp_path, tiny_checkpoint, "grpo.group_noise=antithetic", "grpo.group_size=3")
+
+
 def test_diagnose_compare_names_a_grpo_setting():
     with pytest.raises(SystemExit) as exit_info:
         diagnostics.main(["--config", "configs/shapes-tiny.yaml", "--variance", "2", "--compare", "grpo.nonsense=1,2"])

@@ -646,6 +646,50 @@ def test_common_random_numbers_draw_recorded_noise_from_the_own_seed(backbone64,
     assert not torch.allclose(rollout.tokens[0], rollout.tokens[1])
 
 
+@pytest.mark.parametrize("positions", ["revealed", "unknown"])
+def test_mirrored_pairs_record_negated_noise_and_share_the_rest(backbone64, sampler, positions):
+    from margrpo.rollout import generate, mask_schedule, mirror_pairs, shared_seed
+
+    prompts, seeds = ["a red square"] * 4, [11, 12, 13, 14]
+    shared = [shared_seed(3, 0, 0)] * 4
+    mirror = mirror_pairs(1, 4)
+    assert mirror == [-1, 0, -1, 2]
+    config = _config(likelihood_positions=positions, record_mask_steps=2)
+    effective = [s for s, n in enumerate(mask_schedule(backbone64.num_tokens, 6, "nova")) if n > 0]
+    plan = RecordPlan(mask_steps=(effective[1], effective[3]), diffusion_steps=((0, 2, 3), (1, 3, 4)))
+    paired = generate(backbone64, prompts, config, seeds, sampler=sampler, plan=plan, shared_seeds=shared,
+                      mirror=mirror)
+    common = generate_with(backbone64, sampler, config, prompts, seeds, shared, plan)
+    for j in range(len(plan.mask_steps)):
+        drawn = []
+        for b in range(4):
+            _, x_prev, mean, std, _ = _recorded(paired, b, j)
+            drawn.append((x_prev[:, 0] - mean[:, 0]) / std[:, 0])
+        _, x_prev, mean, std, _ = _recorded(common, 0, j)
+        torch.testing.assert_close(drawn[0], (x_prev[:, 0] - mean[:, 0]) / std[:, 0], atol=1e-9, rtol=1e-9)
+        torch.testing.assert_close(drawn[1], -drawn[0], atol=1e-9, rtol=1e-9)  # the mirrored partner
+        torch.testing.assert_close(drawn[3], -drawn[2], atol=1e-9, rtol=1e-9)
+        assert (drawn[2] + drawn[0]).abs().max() > 1e-3  # the two pairs draw their own noise
+    # the unmirrored samples are exactly the common-noise rollout's; the mirrored ones differ
+    torch.testing.assert_close(paired.tokens[0], common.tokens[0], atol=1e-12, rtol=0)
+    assert not torch.allclose(paired.tokens[1], common.tokens[1])
+
+
+@pytest.mark.parametrize("mirror, shared, match", [
+    ([-1, 0], None, "needs shared_seeds"),
+    ([-1], [5, 5], "one per sample"),
+    ([1, -1], [5, 6], "shares sample"),
+    ([1, 0], [5, 5], "draws its own noise"),
+    ([0, -1], [5, 5], "another sample"),
+])
+def test_mirror_rejects_bad_pairs(backbone64, sampler, mirror, shared, match):
+    from margrpo.rollout import generate
+
+    with pytest.raises(ValueError, match=match):
+        generate(backbone64, ["a red square"] * 2, _config(record_mask_steps=0), [1, 2], sampler=sampler,
+                 plan=RecordPlan((), ()), shared_seeds=shared, mirror=mirror)
+
+
 def generate_with(backbone, sampler, config, prompts, seeds, shared, plan):
     from margrpo.rollout import generate
 

@@ -34,8 +34,9 @@ class GRPOConfig:
     drop_zero_variance: bool = False
     # common: the samples of a group share their mask order and all noise except the recorded
     # transitions' (common random numbers), so reward differences inside a group come from what the
-    # likelihood scores; independent: every sample draws its own (the reference code)
-    group_noise: Literal["independent", "common"] = "independent"
+    # likelihood scores; independent: every sample draws its own (the reference code); antithetic:
+    # common, and the recorded noise of every second sample is its neighbour's negated (mirrored pairs)
+    group_noise: Literal["independent", "common", "antithetic"] = "independent"
     objective: Literal["clip", "reinforce"] = "clip"  # reinforce: the reference code's value-A/grad-A*dlogp
     clip_eps: float = 0.2
     clip_eps_high: Optional[float] = None

@@ -11,7 +11,7 @@ from .likelihood import RolloutLikelihood, rollout_logprob
 from .plan import RecordPlan, choose_plan
 from .record import Rollout, RolloutChunk, head_to_rollout, rollout_to_head
 from .schedule import effective_steps, harmon_schedule, mask_schedule, nova_schedule
-from .seeding import group_seeds, make_generators, sample_seed, shared_seed
+from .seeding import group_seeds, make_generators, mirror_pairs, sample_seed, shared_seed
 
 __all__ = [
     "RecordPlan",
@@ -32,4 +32,5 @@ __all__ = [
     "rollout_to_head",
     "sample_seed",
     "shared_seed",
+    "mirror_pairs",
 ]

@@ -19,6 +19,14 @@ own. Their rewards then differ only through what the likelihood scores, so the g
 the reward variance of everything else (which carries no gradient signal) while the policy gradient
 stays unbiased: the shared draws are independent of every recorded action.
 
+Mirrored pairs (`mirror`, with common random numbers): a sample can take the negated recorded noise
+of a partner in its group instead of its own, so the pair's recorded transitions are x = mean +/- std
+noise (antithetic variates). Their reward difference then holds only the odd part of the reward's
+response to the recorded noise, which is what the score (linear in the noise) correlates with. Each
+sample's own noise is still standard normal; a baseline that contains the partner's reward scales the
+expected gradient by a positive factor (E[R(-e) s(e)] = -E[R(e) s(e)] for a Gaussian score s), so the
+update's direction stays unbiased.
+
 With the post-step known mask (margrpo.rollout.post_step) a recorded step keeps the transitions of
 the positions still unknown after it and has them scored at the next effective step, whose forward
 sees the post-step canvas: no extra backbone pass, and the image is the same as with "pre_step".
@@ -71,6 +79,20 @@ def _check_plan(plan: RecordPlan, counts: list[int], sampler, config: RolloutCon
                 f"plan.diffusion_steps: got {entry}, expected {plan.num_diffusion_steps} sorted distinct "
                 f"stochastic steps from {sorted(usable_diff)}"
             )
+
+
+def _check_mirror(mirror: Sequence[int], shared_seeds: Sequence[int] | None, B: int) -> None:
+    if shared_seeds is None:
+        raise ValueError("mirror: needs shared_seeds (a mirrored pair must share its order and other noise)")
+    mirror = list(mirror)
+    if len(mirror) != B:
+        raise ValueError(f"mirror: got {len(mirror)} entries for {B} prompts, expected one per sample")
+    for i, j in enumerate(mirror):
+        if isinstance(j, bool) or not isinstance(j, int) or not -1 <= j < B or j == i:
+            raise ValueError(f"mirror[{i}]: got {j!r}, expected -1 or the index of another sample in [0, {B})")
+        if j >= 0 and (mirror[j] != -1 or shared_seeds[j] != shared_seeds[i]):
+            raise ValueError(f"mirror[{i}]: got {j}, expected a sample that draws its own noise (mirror[{j}] = -1) "
+                             f"and shares sample {i}'s shared seed")
 
 
 def _device_and_dtype(backbone) -> tuple[torch.device, torch.dtype]:
@@ -131,6 +153,7 @@ def generate(
     sampler=None,
     plan: RecordPlan | None = None,
     shared_seeds: Sequence[int] | None = None,
+    mirror: Sequence[int] | None = None,
 ) -> Rollout:
     """Generate one image per prompt and record the planned transitions.
 
@@ -141,11 +164,15 @@ def generate(
     the same plan. shared_seeds: B seeds (equal within a GRPO group, margrpo.rollout.shared_seed) for
     common random numbers: the order and the main trajectory's noise come from them, except the noise
     of the recorded transitions, which (like the seed trajectories' noise) comes from `seeds`. None:
-    everything from `seeds`. Runs without gradient.
+    everything from `seeds`. mirror (with shared_seeds): B indices, -1 for a sample that draws its own
+    recorded noise, else the sample (same shared seed, itself drawing its own) whose recorded noise it
+    takes negated (margrpo.rollout.seeding.mirror_pairs). Runs without gradient.
     """
     _check_inputs(prompts, seeds, config)
     if shared_seeds is not None:
         _check_inputs(prompts, shared_seeds, config)
+    if mirror is not None:
+        _check_mirror(mirror, shared_seeds, len(prompts))
     if sampler is None:
         sampler = backbone.make_sampler(config.num_diffusion_steps)
     B, N, C = len(prompts), backbone.num_tokens, backbone.token_channels
@@ -164,6 +191,11 @@ def generate(
         order, shared_bank = _draw_randomness(shared_seeds, N, diff_steps, 1, C, device, dtype)
         own = _recorded_noise(order, counts, plan, unknown_mode, diff_steps)[..., None]
         noise_bank[:, :, :, 0] = torch.where(own, noise_bank[:, :, :, 0], shared_bank[:, :, :, 0])
+        if mirror is not None:
+            partner = torch.as_tensor(list(mirror), dtype=torch.long, device=device)
+            mirrored = (partner >= 0)[:, None, None, None] & own
+            noise_bank[:, :, :, 0] = torch.where(mirrored, -noise_bank[partner.clamp(min=0), :, :, 0],
+                                                 noise_bank[:, :, :, 0])
     cond = prompt_rows(backbone, list(prompts), config)
     steps = effective_steps(counts)
     recorded_index = {step: j for j, step in enumerate(plan.mask_steps)}

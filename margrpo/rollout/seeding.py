@@ -45,6 +45,14 @@ def group_seeds(base_seed: int, rank: int, prompt_indices: Sequence[int], group_
     return [sample_seed(base_seed, rank, p, s) for p in prompt_indices for s in range(group_size)]
 
 
+def mirror_pairs(num_groups: int, group_size: int) -> list[int]:
+    """margrpo.rollout.generate's `mirror` for a prompt-major batch: in every group, sample 2i + 1
+    takes the negated recorded noise of sample 2i (group_size must be even)."""
+    if not isinstance(group_size, int) or group_size < 2 or group_size % 2:
+        raise ValueError(f"group_size: got {group_size!r}, expected an even integer >= 2 (samples pair up)")
+    return [-1 if s % 2 == 0 else g * group_size + s - 1 for g in range(num_groups) for s in range(group_size)]
+
+
 def make_generators(seeds: Sequence[int], device: torch.device | str) -> list[torch.Generator]:
     """One torch.Generator per seed on `device` (streams are reproducible per device type)."""
     generators = []

@@ -147,6 +147,8 @@ RULES = (
          "at most backbone.diffusion_steps when that is set (only steps of the chain can be recorded)"),
     # grpo
     Rule("grpo.group_size", _at_least(2), "an integer >= 2 (advantages compare samples)"),
+    Rule("grpo.group_size", lambda v, c: c.grpo.group_noise != "antithetic" or v % 2 == 0,
+         "an even integer with grpo.group_noise: antithetic (samples pair up)"),
     Rule("grpo.prompts_per_step", _at_least(1), "an integer >= 1"),
     Rule("grpo.advantage_eps", lambda v, c: finite(v) and v > 0, "a finite number > 0 (added to the std)"),
     Rule("grpo.clip_eps", lambda v, c: finite(v) and v > 0, "a finite number > 0"),

@@ -26,7 +26,7 @@ from margrpo.config import ConfigFileNotFoundError, to_dict
 from margrpo.grpo import Collectives, update
 from margrpo.grpo import advantages as adv_mod
 from margrpo.models import load_backbone, resolve_device
-from margrpo.rollout import choose_plan, generate, mask_schedule, sample_seed, shared_seed
+from margrpo.rollout import choose_plan, generate, mask_schedule, mirror_pairs, sample_seed, shared_seed
 
 from . import checkpoint as ckpt
 from . import distributed as dist_utils
@@ -312,12 +312,15 @@ class Trainer:
         """(prompts, Rollout) of training step `step`: its prompts, seeds and recording plan, with the
         group's common random numbers under grpo.group_noise: common. The policy is put in eval mode."""
         prompts, seeds, slots = self._step_prompts(step)
-        shared = None
-        if self.config.grpo.group_noise == "common":  # one seed per group
-            shared = [shared_seed(self.config.run.seed, step, s) for s in slots for _ in range(self.config.grpo.group_size)]
+        shared = mirror = None
+        group_size = self.config.grpo.group_size
+        if self.config.grpo.group_noise in ("common", "antithetic"):  # one seed per group
+            shared = [shared_seed(self.config.run.seed, step, s) for s in slots for _ in range(group_size)]
+        if self.config.grpo.group_noise == "antithetic":
+            mirror = mirror_pairs(len(slots), group_size)
         self.policy.eval()
         return prompts, generate(self.policy, prompts, self.config.rollout, seeds, sampler=self.sampler,
-                                 plan=self._plan(step), shared_seeds=shared)
+                                 plan=self._plan(step), shared_seeds=shared, mirror=mirror)
 
     def _plan(self, step: int):
         cfg = self.config.rollout
