@@ -71,14 +71,8 @@ class Detections:
     shape_probs: torch.Tensor  # float64 [M, shapes]: one-hot of `shape`, or its softmax (partial credit)
 
     def counts(self, batch: int) -> torch.Tensor:
-        """int64 [B, colors, shapes]: how many objects of each kind each image holds."""
-        counts = torch.zeros(batch, len(COLOR_NAMES), len(SHAPES), dtype=torch.int64)
-        counts.index_put_((self.image, self.color, self.shape), torch.ones_like(self.image), accumulate=True)
-        return counts
-
-    def soft_counts(self, batch: int) -> torch.Tensor:
-        """float64 [B, colors, shapes]: sum of quality x shape probability per kind (= counts() for
-        exact detections)."""
+        """float64 [B, colors, shapes]: per image and kind, the sum of quality x shape probability
+        (for exact detections: how many objects of each kind the image holds)."""
         counts = torch.zeros(batch, len(COLOR_NAMES), len(SHAPES), dtype=torch.float64)
         counts.index_put_((self.image, self.color), self.quality[:, None] * self.shape_probs, accumulate=True)
         return counts
@@ -250,7 +244,7 @@ def score(images: torch.Tensor, prompts: list[str], partial_credit: bool = False
     if batch == 0:
         return {key: torch.zeros(0) for key in (*CATEGORY_KEYS, "overall")}
     found = detect(images, partial_credit)
-    have, asked = found.soft_counts(batch), _requested_counts(specs)
+    have, asked = found.counts(batch), _requested_counts(specs)
 
     scores = {
         "color": _presence_score(have.sum(2), asked.sum(2)),
