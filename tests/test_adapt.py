@@ -3,6 +3,7 @@ float64 with margrpo's own head (same weights) and with one-chain-at-a-time loop
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -242,3 +243,52 @@ def test_generic_path_checks_the_module_output_width():
     z, noise = _inputs(2, 0, False)
     with pytest.raises(ValueError, match="out_channels"):
         multi_seed_denoise(head, z, mar_sampler(T), 0, noise=noise)
+
+
+# ------------------------------------------------------------------ choosing the path (path="auto"|"fast"|"generic")
+class DoubledMLPAdaLN(ForeignMLPAdaLN):
+    """SimpleMLPAdaLN's names, another forward: the fast path would sample the stock maths."""
+
+    def forward(self, x, t, c):
+        return 2.0 * super().forward(x, t, c)
+
+
+class GeluBlockMLPAdaLN(ForeignMLPAdaLN):
+    """The layout's names, but GELU in the blocks' MLPs, which the fast path does not read."""
+
+    def __init__(self):
+        super().__init__()
+        for block in self.res_blocks:
+            block.mlp[1] = nn.GELU()
+        nn.init.zeros_(self.final_layer.linear.weight)  # as adaLN-Zero leaves a fresh head: it outputs zeros
+        nn.init.zeros_(self.final_layer.linear.bias)
+
+
+def test_auto_path_checks_the_forward_and_takes_the_generic_path_when_it_differs():
+    for cls in (DoubledMLPAdaLN, GeluBlockMLPAdaLN):
+        module = cls().to(F64)  # zeroed final layer: its own weights would hide the difference
+        with pytest.warns(UserWarning, match="path='generic'"):
+            head = adapt(module)
+        assert isinstance(head, ForwardHead), cls.__name__
+        assert (head.in_channels, head.out_channels, head.z_channels) == (C, 2 * C, DZ)  # read from the layers
+    module = _randomize(DoubledMLPAdaLN(), seed=13)
+    sampler = mar_sampler(T)
+    z, noise = _inputs(3, 1, False, seed=14)
+    with pytest.warns(UserWarning):
+        got = multi_seed_denoise(adapt(module), z, sampler, 1, noise=noise)
+    # the module's own forward, step by step: the doubled output is what gets sampled
+    _assert_same(got, eager_multi_seed_denoise(ForwardHead(module, C, 2 * C, DZ), z, sampler, 1, noise))
+    assert not torch.allclose(got.x0, multi_seed_denoise(MARLayoutHead(module), z, sampler, 1, noise=noise).x0)
+
+
+def test_path_switch_forces_either_path_and_names_bad_values():
+    foreign, _ = foreign_and_own()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the stock layout passes the check silently
+        assert isinstance(adapt(foreign), MARLayoutHead)
+        assert isinstance(adapt(DoubledMLPAdaLN().to(F64), path="fast"), MARLayoutHead)  # forced: no check, no warning
+        assert isinstance(adapt(foreign, path="generic"), ForwardHead)
+    with pytest.raises(ValueError, match="path: got 'quick'"):
+        adapt(foreign, path="quick")
+    with pytest.raises(TypeError, match="SimpleMLPAdaLN's layout"):
+        adapt(_plain(), path="fast")

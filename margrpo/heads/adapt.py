@@ -14,9 +14,16 @@ and gradients of denoise_logprob reach the module's parameters):
   path: all chains (and steps, and CFG halves) of a call flattened into ONE forward call; the
   module recomputes its own conditioning for every row, so it is slower but needs nothing else.
 A margrpo head (one that already implements DiffusionHead) is returned unchanged.
+
+Names alone do not prove that a module computes MAR's maths (a subclass may override forward, a
+block may use another activation), so `path="auto"` (the default) takes the fast path only after a
+probe: the module's own forward and the fast path, on a few random rows under random weights,
+must agree. Otherwise it warns and takes the generic path, which calls the module's forward and is
+therefore always right. `path="generic"` or `path="fast"` chooses without the probe.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +37,11 @@ from .protocol import DiffusionHead
 MAR_LAYOUT = ("time_embed.mlp", "cond_embed", "input_proj", "res_blocks", "final_layer.norm_final",
               "final_layer.linear", "final_layer.adaLN_modulation")
 BLOCK_LAYOUT = ("in_ln", "mlp", "adaLN_modulation")
+PATHS = ("auto", "fast", "generic")
+PROBE_ROWS = 4
+# agreement of the probe (relative to the output's scale): rounding of the module's dtype, far below
+# what a changed activation, normalisation or extra term gives
+PROBE_TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4}
 
 
 def _has(module: nn.Module, dotted: str) -> bool:
@@ -137,20 +149,100 @@ class ForwardHead(nn.Module):
         return self.module(x, t, c)
 
 
-def adapt(module: nn.Module, *, in_channels: int | None = None, out_channels: int | None = None,
+class _Probe(nn.Module):
+    """Both paths of one SimpleMLPAdaLN-layout module on the same rows, for torch.func.functional_call."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor, c: torch.Tensor):
+        own = self.module(x, t, c)
+        try:
+            fast = mar_denoise(self.module, x, mar_modulation(self.module, mar_embed_condition(self.module, c), t))
+        except Exception as err:  # a layout the fast path cannot read (e.g. no Linear at adaLN_modulation[-1])
+            return own, err
+        return own, fast
+
+
+def fast_path_mismatch(module: nn.Module) -> str | None:
+    """None when margrpo's fast path computes what `module`'s own forward(x, t, c) does, else why not.
+
+    Checked on PROBE_ROWS random rows with random weights put in place of the module's (through
+    torch.func.functional_call, the module is not changed): a fresh head's adaLN-Zero init outputs
+    zeros whatever its forward does, so its own weights could not tell the two apart. Costs one
+    temporary copy of the parameters."""
+    params = list(module.named_parameters())
+    if not params:
+        return "it has no parameters"
+    dtype, device = params[0][1].dtype, params[0][1].device
+    if device.type == "meta" or not dtype.is_floating_point:
+        return f"its parameters are on {device.type} in {dtype}, where the check cannot run"
+    g = torch.Generator().manual_seed(0)
+
+    def random_like(p: torch.Tensor) -> torch.Tensor:
+        noise = torch.randn(p.shape, generator=g, dtype=torch.float64)
+        value = noise / p.shape[-1] ** 0.5 if p.dim() > 1 else p.detach().cpu().double() + 0.1 * noise
+        return value.to(device, p.dtype)
+
+    weights = {f"module.{name}": random_like(p) for name, p in params}
+    x = torch.randn(PROBE_ROWS, module.input_proj.in_features, generator=g, dtype=torch.float64).to(device, dtype)
+    c = torch.randn(PROBE_ROWS, module.cond_embed.in_features, generator=g, dtype=torch.float64).to(device, dtype)
+    t = torch.tensor([0.0, 1.0, 250.0, 999.0], device=device)  # diffusion times as the samplers give them
+    try:
+        with torch.no_grad():
+            own, fast = torch.func.functional_call(_Probe(module), weights, (x, t, c), strict=False)
+    except Exception as err:
+        raise TypeError(f"adapt: {type(module).__name__}.forward(x [{PROBE_ROWS}, C], t [{PROBE_ROWS}], "
+                        f"c [{PROBE_ROWS}, Dz]) failed in the check of the fast path ({type(err).__name__}: {err}); "
+                        "pass path='fast' to skip the check or path='generic'") from err
+    if isinstance(fast, Exception):
+        return f"the fast path cannot read its layers ({type(fast).__name__}: {fast})"
+    if not isinstance(own, torch.Tensor) or own.shape != fast.shape:
+        got = tuple(own.shape) if isinstance(own, torch.Tensor) else type(own).__name__
+        return f"its forward(x, t, c) gives {got}, the fast path {tuple(fast.shape)}"
+    scale = float(own.double().abs().max()) + 1e-12
+    error = float((own.double() - fast.double()).abs().max()) / scale
+    if error > PROBE_TOLERANCE.get(dtype, 5e-2):
+        return (f"its forward(x, t, c) differs from SimpleMLPAdaLN's maths (relative error {error:.1e} on random "
+                "weights: an overridden forward or another layer in the blocks)")
+    return None
+
+
+def adapt(module: nn.Module, *, path: str = "auto", in_channels: int | None = None, out_channels: int | None = None,
           z_channels: int | None = None) -> DiffusionHead:
     """`module` as a DiffusionHead for multi_seed_denoise / denoise_logprob / the rollout.
 
-    A margrpo head comes back unchanged; a SimpleMLPAdaLN-layout module gets the shared-modulation
-    path (sizes read from its layers); any other module with forward(x, t, c) the generic batched
-    path, its sizes from the keyword arguments or its own in_channels / out_channels / z_channels
-    attributes (out_channels defaults to in_channels)."""
+    A margrpo head comes back unchanged. path:
+      "auto" (default): a SimpleMLPAdaLN-layout module whose forward the fast path reproduces
+        (fast_path_mismatch) gets the shared-modulation path; any other module the generic path
+        (with a warning saying why when it has the layout's names);
+      "fast": the shared-modulation path without the check (the module must compute MAR's
+        SimpleMLPAdaLN; an error when it lacks the layout);
+      "generic": one forward(x, t, c) call per denoise, for any module.
+    The generic path's sizes come from the keyword arguments, else the module's layers (the
+    SimpleMLPAdaLN layout) or its own in_channels / out_channels / z_channels attributes
+    (out_channels defaults to in_channels)."""
+    if path not in PATHS:
+        raise ValueError(f"path: got {path!r}, expected one of {', '.join(PATHS)}")
     if isinstance(module, DiffusionHead):
         return module
     if not isinstance(module, nn.Module):
         raise TypeError(f"module: got {type(module).__name__}, expected a torch.nn.Module")
-    if has_mar_layout(module):
-        return MARLayoutHead(module)
+    layout = has_mar_layout(module)
+    if path == "fast":
+        return MARLayoutHead(module)  # raises, naming the layout, when the module lacks it
+    if path == "auto" and layout:
+        why = fast_path_mismatch(module)
+        if why is None:
+            return MARLayoutHead(module)
+        warnings.warn(f"adapt: {type(module).__name__} has SimpleMLPAdaLN's layer names but {why}; taking the "
+                      "generic forward(x, t, c) path (pass path='generic' to choose it without this check, or "
+                      "path='fast' to force the shared-modulation path)", stacklevel=2)
+    if layout:  # sizes from the layers, unless given
+        in_channels = in_channels if in_channels is not None else module.input_proj.in_features
+        out_channels = out_channels if out_channels is not None else module.final_layer.linear.out_features
+        z_channels = z_channels if z_channels is not None else module.cond_embed.in_features
     in_channels = in_channels if in_channels is not None else getattr(module, "in_channels", None)
     out_channels = out_channels if out_channels is not None else getattr(module, "out_channels", in_channels)
     z_channels = z_channels if z_channels is not None else getattr(module, "z_channels", None)
