@@ -27,6 +27,7 @@ from margrpo.rollout import Rollout, RolloutChunk, rollout_logprob
 from margrpo.rollout.likelihood import RolloutLikelihood
 
 from .config import GRPOConfig
+from .frozen_head import honours_frozen_head
 from .objective import chunk_loss, grouped_token_weights, position_logp
 from .selection import consistency_keep, mte_mask
 
@@ -211,6 +212,7 @@ def _chunk_loss(policy, chunk: RolloutChunk, advantages, weights, mte, kl_weight
     )
 
 
+@honours_frozen_head  # grpo.head: frozen holds whatever the caller set on the head
 def update(policy, reference, rollout: Rollout, advantages: torch.Tensor, config: GRPOConfig, optimizer, *,
            grad_clip: float = 1.0, bf16: bool = False, collectives: Collectives | None = None,
            samples: torch.Tensor | None = None) -> UpdateResult:
