@@ -10,10 +10,23 @@ import os
 import shutil
 
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-PACKAGES = find_packages(include=["margrpo", "margrpo.*"]) + ["margrpo.kernels"]
-PACKAGE_DIR = {"margrpo.kernels": "kernels"}
+PACKAGES = find_packages(include=["margrpo", "margrpo.*"])
+
+
+class BuildPy(build_py):
+    """margrpo.kernels takes its modules from the top-level kernels/ folder, which is no package (no
+    __init__.py: from the checkout root it would shadow the PyPI package `kernels`); its __init__.py
+    is margrpo/kernels/__init__.py."""
+
+    def find_package_modules(self, package, package_dir):
+        modules = super().find_package_modules(package, package_dir)
+        if package == "margrpo.kernels":
+            sources = sorted(glob.glob(os.path.join("kernels", "*.py")))
+            modules += [(package, os.path.splitext(os.path.basename(f))[0], f) for f in sources]
+        return modules
 
 
 def _want_cuda(torch_module) -> bool:
@@ -64,4 +77,4 @@ def _extensions():
 ext_modules, cmdclass = _extensions()
 # data read at run time: the prompt splits and the shipped checkpoints (margrpo.checkpoints)
 PACKAGE_DATA = {"margrpo.testbed": ["prompts/*.txt"], "margrpo.checkpoints": ["*/*"]}
-setup(packages=PACKAGES, package_dir=PACKAGE_DIR, package_data=PACKAGE_DATA, ext_modules=ext_modules, cmdclass=cmdclass)
+setup(packages=PACKAGES, package_data=PACKAGE_DATA, ext_modules=ext_modules, cmdclass={"build_py": BuildPy, **cmdclass})

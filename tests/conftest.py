@@ -11,9 +11,9 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-# `python -m pytest` puts the checkout's root on sys.path, where the top-level kernels/ folder (installed
-# as margrpo.kernels) would shadow the PyPI package `kernels` that transformers imports. margrpo is
-# installed, so the tests need the root off the path.
+# `python -m pytest` puts the checkout's root on sys.path. margrpo is installed, so the tests take the
+# root off the path and import only what the installation provides (the top-level kernels/ folder no
+# longer shadows the PyPI package `kernels`: it has no __init__.py, tests/test_packaging.py).
 _ROOT = Path(__file__).resolve().parents[1]
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT]
 

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import importlib.util
 import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,3 +51,25 @@ def test_every_data_file_in_the_package_is_package_data():
             unshipped.append(str(rel))
     assert unshipped == [], f"files under margrpo/ that no package_data glob ships: {unshipped}"
     assert any("shapes-tiny/model.safetensors" in str(p) for p in tracked_files("margrpo/checkpoints"))
+
+
+def test_the_top_level_kernels_folder_is_no_package():
+    """kernels/ holds margrpo.kernels' sources but no __init__.py: from the checkout root a package
+    there would import as `kernels` and shadow the PyPI package that transformers and peft import."""
+    assert not (ROOT / "kernels" / "__init__.py").exists()
+    assert (ROOT / "margrpo" / "kernels" / "__init__.py").is_file()
+    code = ("import importlib.util, margrpo.kernels; "
+            "print(importlib.util.find_spec('margrpo.kernels.topk').origin)")
+    out = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True, check=True).stdout
+    assert Path(out.strip()).resolve() == (ROOT / "kernels" / "topk.py").resolve()
+
+
+def test_peft_and_transformers_import_from_the_checkout_root():
+    """`python -c` from the root puts the root first on sys.path, as `python -m margrpo.cli` does."""
+    for name in ("peft", "transformers"):
+        if importlib.util.find_spec(name) is None:
+            pytest.skip(f"{name} is not installed")
+    code = ("import peft, kernels; from transformers import CLIPModel; import os; "
+            "assert os.path.dirname(kernels.__file__ or '') != os.path.abspath('kernels'), kernels.__file__")
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
