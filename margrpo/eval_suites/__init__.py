@@ -6,10 +6,16 @@
              scored by an open-vocabulary detector and CLIP (geneval_detector); accuracy per category
              and overall = their mean, as GenEval reports
 
-DrawBench, DPG-Bench and T2I-CompBench are not suites here: their prompt lists ship with no package
-installed in this environment, and this library does not make up substitutes. A JSONL file of such
-prompts with objects/position metadata (margrpo.prompt_files) can be scored by the geneval scorer
-with `--prompts FILE`.
+    t2i-compbench  T2I-CompBench's validation prompts from a local checkout of the benchmark (--data),
+             each category scored by the benchmark's rule and model, or by a labelled substitute
+             where its model does not run here (compbench)
+    preference  HPS v2.1, ImageReward, PickScore and aesthetic over a prompt file, in the paper's
+             column order, optionally side by side with an earlier report (preference)
+
+DrawBench and DPG-Bench are not suites here: their prompt lists ship with no package installed in
+this environment, and this library does not make up substitutes. A JSONL file of such prompts with
+objects/position metadata (margrpo.prompt_files) can be scored by the geneval scorer with
+`--prompts FILE`, and any prompt file by the preference suite.
 """
 from __future__ import annotations
 
@@ -92,6 +98,12 @@ class GenEvalSuite(Suite):
 
 
 SUITES: dict[str, type[Suite]] = {"shapes": ShapesSuite, "geneval": GenEvalSuite}
+
+# after Suite: these modules subclass it
+from .compbench import CompBenchSuite  # noqa: E402
+from .preference import PreferenceSuite  # noqa: E402
+
+SUITES.update({"t2i-compbench": CompBenchSuite, "preference": PreferenceSuite})
 
 
 def available_suites() -> list[str]:

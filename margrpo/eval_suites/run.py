@@ -15,6 +15,10 @@ from margrpo.config import ConfigError
 from . import SUITES, SuiteReport, build_suite, suite_options
 
 
+SUITE_OPTIONS = ("detector", "clip", "data", "categories", "blip", "depth", "spacy", "weights", "reward_options",
+                 "compare")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("suites")
     group.add_argument("--suite", choices=list(SUITES), help="score a benchmark suite, reported per category")
@@ -22,8 +26,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="prompts per category (default: geneval 50, shapes run.eval_per_category)")
     group.add_argument("--samples-per-prompt", type=int, help="images per prompt (default run.eval_samples_per_prompt)")
     group.add_argument("--prompts", help="a .jsonl prompt file to score instead of the suite's prompts (geneval)")
-    group.add_argument("--detector", help="geneval: the GroundingDINO directory (Hugging Face layout)")
-    group.add_argument("--clip", help="geneval: the CLIP directory for colours (Hugging Face layout)")
+    group.add_argument("--detector", help="geneval, t2i-compbench: the GroundingDINO directory (Hugging Face layout)")
+    group.add_argument("--clip", help="geneval: the CLIP directory for colours; t2i-compbench: CLIP ViT-B/32 "
+                       "(Hugging Face layout)")
+    group.add_argument("--data", help="t2i-compbench: a local checkout of T2I-CompBench (or its examples/dataset)")
+    group.add_argument("--categories", help="t2i-compbench: comma-separated categories (default all)")
+    group.add_argument("--blip", help="t2i-compbench: the BLIP-VQA directory (Hugging Face layout)")
+    group.add_argument("--depth", help="t2i-compbench: the DPT depth directory for 3d_spatial (Hugging Face layout)")
+    group.add_argument("--spacy", help="t2i-compbench: a spaCy pipeline name or directory, or 'rules' (default "
+                       "en_core_web_sm when installed, else rules)")
+    group.add_argument("--weights", help="preference: the reward weights root (default $MARGRPO_WEIGHTS_DIR)")
+    group.add_argument("--reward-option", dest="reward_options", action="append", metavar="REWARD.OPTION=VALUE",
+                       help="preference: a reward's option, e.g. pickscore.processor_path=DIR (repeatable)")
+    group.add_argument("--compare", help="preference: an earlier preference report (JSON) to set side by side")
     group.add_argument("--out", help="where to write the JSON report (default eval-<suite>.json)")
 
 
@@ -52,13 +67,14 @@ def run_suite(trainer, args: argparse.Namespace) -> SuiteReport:
     from margrpo.train.evaluate import generate_images
 
     run = trainer.config.run
-    options = {"detector": args.detector, "clip": args.clip}
+    # every suite option given on the command line; build_suite refuses one the suite does not take
+    options = {k: getattr(args, k, None) for k in SUITE_OPTIONS}
     options = {k: v for k, v in options.items() if v is not None}
     if "device" in suite_options(args.suite):  # a scorer with models runs where the policy does
         options["device"] = str(trainer.device)
     try:
         suite = build_suite(args.suite, **options)
-    except ValueError as err:
+    except (ValueError, FileNotFoundError) as err:  # a bad option, a missing prompt or weights file: named
         raise ConfigError(f"--suite {args.suite}: {err}") from err
     records = suite_records(suite, args, run)
     samples = run.eval_samples_per_prompt if args.samples_per_prompt is None else args.samples_per_prompt
