@@ -69,6 +69,11 @@ class GRPOConfig:
     consistency: bool = False  # consistency-aware selection (needs rollout.likelihood_positions: unknown)
     consistency_threshold: float = 0.0
     consistency_start_step: int = 2  # effective mask-step index from which it applies (third step)
+    # how a rollout's tokens are scored: transition (the Gaussian log-probs of recorded denoising
+    # transitions of the rollout's own chain and its seed chains) or matching (the frozen head's
+    # denoising loss on forward-noised draws of each committed token: margrpo.grpo.matching)
+    estimator: Literal["transition", "matching"] = "transition"
+    matching_draws: int = 4  # matching: (time, noise) draws per committed token
     likelihood_cfg: Literal["rollout", "none"] = "rollout"  # none: the reference code's unguided likelihood
     # the std of the training Gaussians: the current policy's (learned-range: a function of z, with
     # gradient), or recorded_main: the std trajectory 0 was sampled with (Rollout.sampled_std under the

@@ -28,6 +28,7 @@ from margrpo.rollout.likelihood import RolloutLikelihood
 
 from .config import GRPOConfig
 from .frozen_head import honours_frozen_head
+from .matching import matching_chunk_loss, matching_values, prepare_matching
 from .objective import chunk_loss, grouped_token_weights, position_logp
 from .selection import consistency_keep, mte_mask
 
@@ -133,14 +134,18 @@ def _take_positions(chunk: RolloutChunk, values: torch.Tensor) -> torch.Tensor:
 
 def minibatches(rollout: Rollout, config: GRPOConfig) -> list[list[tuple[list[int], list[int] | None]]]:
     """Optimizer minibatches, each a list of (image indices, recorded mask steps or None = all)
-    micro-batches whose gradients accumulate into one optimizer step."""
+    micro-batches whose gradients accumulate into one optimizer step. min(config.minibatches, U)
+    of them for U images (contiguous runs) or recorded mask steps (every minibatches-th step), their
+    sizes differing by at most one."""
     B, M = rollout.batch_size, rollout.plan.num_mask_steps
     if config.minibatch_over == "mask_steps":
         parts = [sorted(list(range(M))[i::config.minibatches]) for i in range(config.minibatches)]
         groups = [(list(range(B)), p) for p in parts if p]
     else:
-        size = math.ceil(B / config.minibatches)
-        groups = [(list(range(s, min(B, s + size))), None) for s in range(0, B, size)]
+        count = min(config.minibatches, B)  # ceil-sized runs would give fewer steps (B=9, m=4: 3)
+        size, extra = divmod(B, count)
+        bounds = [i * size + min(i, extra) for i in range(count + 1)]
+        groups = [(list(range(bounds[i], bounds[i + 1])), None) for i in range(count)]
     out = []
     for images, steps in groups:
         if config.micro_batch_over == "mask_steps":
@@ -212,6 +217,47 @@ def _chunk_loss(policy, chunk: RolloutChunk, advantages, weights, mte, kl_weight
     )
 
 
+def _transition_losses(policy, reference_context, rollout: Rollout, advantages, config: GRPOConfig, batches,
+                       samples, bf16: bool):
+    """(loss of a chunk, selected fraction, MTE mask or None) of the transition estimator: token
+    selection and weights, rescored old log-probs when needed, the reference's likelihood for the KL."""
+    keep, mte = token_selection(rollout, config)
+    if samples is not None:
+        keep = keep & samples.to(keep.device)[:, None, None]
+    weights, kl_weights = update_weights(rollout, keep, config, batches)
+    if rescores_old(policy, rollout, config, bf16):
+        rollout = old_values(policy, rollout, config, batches, bf16)
+    policy.train()
+    if reference_context is not None:
+        with torch.no_grad(), reference_context as model:
+            model.train(policy.training)  # the same forward mode as the policy's likelihood
+            ref = likelihood(model, rollout, config, bf16=bf16)
+        rollout = rollout.with_update_values(ref_logp=ref.logp, ref_mean=ref.mean)
+
+    def loss_of(images, steps):
+        return _chunk_loss(policy, rollout.chunk(images, steps), advantages, weights, mte, kl_weights, config, bf16)
+
+    return loss_of, keep.float().mean().item(), mte
+
+
+def _matching_losses(policy, reference_context, rollout: Rollout, advantages, config: GRPOConfig, batches,
+                     samples, bf16: bool):
+    """The same for the matching estimator (margrpo.grpo.matching): draws, weights, old scores when an
+    optimizer step precedes a chunk's first evaluation, the reference's predictions for the KL."""
+    device = rollout.tokens.device
+
+    def scoring(model, part, draws, steps):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            return matching_values(model, part, draws, cfg=config.likelihood_cfg, steps=steps)
+
+    prepared = prepare_matching(policy, reference_context, rollout, config, batches, samples, scoring)
+
+    def loss_of(images, steps):
+        return matching_chunk_loss(policy, rollout, prepared, advantages, images, steps, config, scoring)
+
+    return loss_of, prepared.weights.gt(0).float().mean().item(), None
+
+
 @honours_frozen_head  # grpo.head: frozen holds whatever the caller set on the head
 def update(policy, reference, rollout: Rollout, advantages: torch.Tensor, config: GRPOConfig, optimizer, *,
            grad_clip: float = 1.0, bf16: bool = False, collectives: Collectives | None = None,
@@ -243,21 +289,15 @@ def update(policy, reference, rollout: Rollout, advantages: torch.Tensor, config
             "or pixels_per_token: 1")
     if samples is not None and samples.shape != (B,):
         raise ValueError(f"samples: got shape {tuple(samples.shape)}, expected ({B},), one flag per image of rollout")
-    keep, mte = token_selection(rollout, config)
-    if samples is not None:
-        keep = keep & samples.to(keep.device)[:, None, None]
     batches = minibatches(rollout, config)
-    weights, kl_weights = update_weights(rollout, keep, config, batches)
-
-    if rescores_old(policy, rollout, config, bf16):
-        rollout = old_values(policy, rollout, config, batches, bf16)
-    policy.train()
+    context = None
     if config.kl_beta > 0:
         context = contextlib.nullcontext(reference) if isinstance(reference, torch.nn.Module) else reference
-        with torch.no_grad(), context as model:
-            model.train(policy.training)  # the same forward mode as the policy's likelihood
-            ref = likelihood(model, rollout, config, bf16=bf16)
-        rollout = rollout.with_update_values(ref_logp=ref.logp, ref_mean=ref.mean)
+    if config.estimator == "matching":
+        loss_of, selected, mte = _matching_losses(policy, context, rollout, advantages, config, batches, samples, bf16)
+    else:
+        loss_of, selected, mte = _transition_losses(policy, context, rollout, advantages, config, batches, samples,
+                                                    bf16)
 
     sums = dict.fromkeys(STATS, 0.0)
     ratio_max, grad_norms = 1.0, []
@@ -265,8 +305,7 @@ def update(policy, reference, rollout: Rollout, advantages: torch.Tensor, config
         for minibatch in batches:
             optimizer.zero_grad(set_to_none=True)
             for images, steps in minibatch:  # micro-batches accumulate into one optimizer step
-                out = _chunk_loss(policy, rollout.chunk(images, steps), advantages, weights, mte, kl_weights,
-                                  config, bf16)
+                out = loss_of(images, steps)
                 if not collectives.all_ranks(torch.isfinite(out.loss)):
                     optimizer.zero_grad(set_to_none=True)
                     return UpdateResult(skipped="loss")
@@ -285,7 +324,7 @@ def update(policy, reference, rollout: Rollout, advantages: torch.Tensor, config
     metrics = {key: collectives.mean(value / config.inner_epochs) for key, value in sums.items()}
     metrics.update({
         "ratio_max": ratio_max, "grad_norm": sum(grad_norms) / max(1, len(grad_norms)), "updates": len(grad_norms),
-        "selected_fraction": keep.float().mean().item(),
+        "selected_fraction": selected,
         "mte_fraction": float("nan") if mte is None else mte.float().mean().item(),
     })
     return UpdateResult(metrics)

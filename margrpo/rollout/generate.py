@@ -116,16 +116,22 @@ def _draw_randomness(seeds, N: int, diff_steps: int, trajectories: int, C: int, 
 def _recorded_noise(order, counts, plan: RecordPlan, unknown_mode: bool, diff_steps: int) -> torch.Tensor:
     """bool [B, N, T_diff + 1]: the noise-bank entries of trajectory 0 that a recorded transition draws
     (position p denoised at recorded mask step j, diffusion step i in plan.diffusion_steps[j] -> entry
-    i + 1); in "unknown" mode a recorded step denoises every position still unknown."""
+    i + 1); in "unknown" mode a recorded step denoises every position still unknown. A plan without
+    diffusion steps (RecordPlan.mask_steps_only: the matching estimator scores committed tokens) keeps
+    every entry of the tokens committed at its mask steps: their whole chain is the scored action."""
     B, N = order.shape
     private = torch.zeros(B, N, diff_steps + 1, dtype=torch.bool, device=order.device)
     recorded = dict(zip(plan.mask_steps, plan.diffusion_steps))
+    whole_chain = plan.num_mask_steps > 0 and plan.num_diffusion_steps == 0
     start = 0
     for step in effective_steps(counts):
         if step in recorded:
-            positions = order[:, start:] if unknown_mode else order[:, start : start + counts[step]]
+            all_unknown = unknown_mode and not whole_chain
+            positions = order[:, start:] if all_unknown else order[:, start : start + counts[step]]
             entries = torch.zeros(diff_steps + 1, dtype=torch.bool, device=order.device)
             entries[[i + 1 for i in recorded[step]]] = True
+            if whole_chain:
+                entries[:] = True
             rows = torch.arange(B, device=order.device)[:, None]
             private[rows, positions] |= entries  # "unknown" mode records a position at several steps
         start += counts[step]

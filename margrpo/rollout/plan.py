@@ -33,6 +33,12 @@ class RecordPlan:
     def num_diffusion_steps(self) -> int:
         return len(self.diffusion_steps[0]) if self.diffusion_steps else 0
 
+    def mask_steps_only(self) -> RecordPlan:
+        """The same mask steps, no diffusion transitions (the matching estimator scores the committed
+        tokens of these steps, not recorded transitions; the rollout then keeps the whole denoising
+        chain of those tokens private under common random numbers)."""
+        return RecordPlan(self.mask_steps, tuple(() for _ in self.mask_steps))
+
 
 def stochastic_steps(sampler) -> list[int]:
     """Diffusion steps of `sampler` with a non-degenerate Gaussian transition (usable in a likelihood)."""

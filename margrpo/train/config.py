@@ -169,6 +169,17 @@ RULES = (
          "committed token, which consistency always keeps)"),
     Rule("grpo.consistency_threshold", lambda v, c: finite(v), "a finite number"),
     Rule("grpo.consistency_start_step", _at_least(0), "an integer >= 0"),
+    Rule("grpo.matching_draws", _at_least(1), "an integer >= 1"),
+    Rule("grpo.estimator", lambda v, c: v == "transition" or c.rollout.known_mask == "pre_step",
+         "transition, or matching with rollout.known_mask: pre_step (matching scores each token under the "
+         "canvas it was sampled from)"),
+    Rule("grpo.estimator", lambda v, c: v == "transition" or (c.grpo.kl_type == "gaussian"
+                                                                and c.grpo.normalization == "batch"
+                                                                and c.grpo.pixels_per_token == 1
+                                                                and not c.grpo.mte),
+         "transition, or matching with grpo.kl_type: gaussian, grpo.normalization: batch, "
+         "grpo.pixels_per_token: 1 and grpo.mte: false (the matching estimator has its own KL and no "
+         "per-pixel or seed-chain terms)"),
     Rule("grpo.lora.rank", _at_least(0), "an integer >= 0 (0: LoRA off)"),
     Rule("grpo.lora.rank", lambda v, c: not v or c.grpo.head == "frozen",
          "0 unless grpo.head: frozen (LoRA trains the adapters only; the reference is the base weights)"),

@@ -326,8 +326,11 @@ class Trainer:
         cfg = self.config.rollout
         counts = mask_schedule(self.policy.num_tokens, cfg.num_mask_steps, cfg.schedule)
         rng = torch.Generator().manual_seed(self.config.run.seed * 7_919 + step)  # same plan on every rank
-        return choose_plan(counts, self.sampler, cfg.record_mask_steps, cfg.record_diffusion_steps, rng,
+        plan = choose_plan(counts, self.sampler, cfg.record_mask_steps, cfg.record_diffusion_steps, rng,
                            known_mask=cfg.known_mask, diffusion_range=cfg.record_diffusion_range)
+        # matching scores the committed tokens of the recorded mask steps: no transitions to record (the
+        # same mask steps as under transition, so runs of the two estimators pair step by step)
+        return plan.mask_steps_only() if self.config.grpo.estimator == "matching" else plan
 
     def _advantages(self, rewards: torch.Tensor, prompts: list[str]) -> torch.Tensor:
         g = self.config.grpo
