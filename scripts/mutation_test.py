@@ -12,9 +12,9 @@ margrpo/_C*.so; with --commit REV, the files of that commit) into a temporary di
 the mutant there (the working tree is never edited), and runs the mutant's tests with
 `pytest -x -q -p no:cacheprovider` (PYTEST_ARGS) in that copy under a timeout. pytest imports the
 copy's margrpo through a package link: PYTHONPATH holds a directory with only `margrpo` in it, a
-link to the copy's package (whose `kernels` link mirrors the installed margrpo.kernels). The copy's
-root is never on the path: tests/conftest.py removes it, and the editable install would then serve
-the checkout's unmutated margrpo (which is how the 2026-12-04 run went wrong).
+link to the copy's package (the kernels/ sources linked into margrpo.kernels, as a wheel has them).
+The copy's root is never on the path: tests/conftest.py removes it, and the editable install would
+then serve the checkout's unmutated margrpo (which is how the 2026-12-04 run went wrong).
 
   caught    the tests fail (pytest exit code 1, or 2 for an error while collecting)
   survived  the tests pass: no test notices the bug
@@ -62,7 +62,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 EXTRA_FILES = ("margrpo/_C*.so",)  # built, ignored by git, needed by the ops' cpp backend
 PACKAGE = "margrpo"  # what PYTHONPATH links to in a copy (never the copy's root: see the docstring)
-PACKAGE_LINKS = (("margrpo/kernels", "kernels"),)  # (link, target) in a copy: the installed layout (setup.py)
+# (link, target) in a copy: the top-level kernels/ sources inside margrpo.kernels, as setup.py installs them
+# (the package's own path to the checkout's folder does not reach it through the link)
+PACKAGE_LINKS = (("margrpo/kernels", "kernels"),)
 # no test under tests/ uses hypothesis or pytest-benchmark, whose plugins take seconds to import
 PYTEST_ARGS = ("-x", "-q", "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-p", "no:benchmark")
 
@@ -479,9 +481,15 @@ def mutated_copy(root: Path, files: list[str], mutant: Mutant | None, package: s
         if mutant is not None:
             path = tree / mutant.path
             path.write_text(apply(mutant, path.read_text()))
-        for link, target in PACKAGE_LINKS:
-            if (tree / target).is_dir() and not (tree / link).exists() and (tree / link).parent.is_dir():
+        for link, target in PACKAGE_LINKS:  # as a wheel lays them out (the copy's root is not on the path)
+            if not (tree / target).is_dir() or not (tree / link).parent.is_dir():
+                continue
+            if not (tree / link).exists():
                 (tree / link).symlink_to(tree / target, target_is_directory=True)
+            else:
+                for source in sorted((tree / target).glob("*.py")):
+                    if not (tree / link / source.name).exists():
+                        (tree / link / source.name).symlink_to(source)
         site.mkdir()
         (site / package).symlink_to(tree / package, target_is_directory=True)
         yield tree, site
