@@ -53,3 +53,14 @@ def test_a_trained_head_still_gets_gradients():
     model, result = _step(head_trainable=True, head="train")
     assert result.skipped is None
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.head.parameters())
+
+
+def test_a_nan_advantage_is_an_error_not_a_nan_loss():
+    model = _model(head_trainable=False)
+    config = RolloutConfig(num_mask_steps=4, schedule="harmon", cfg_scale=1.0, num_seeds=0, record_mask_steps=1,
+                           record_diffusion_steps=1)
+    rollout = generate(model, PROMPTS, config, [1, 2, 3, 4])
+    optimizer = torch.optim.SGD(model.trainable_parameters(), lr=0.1)
+    advantages = torch.tensor([1.0, float("nan"), 0.5, -0.5], dtype=torch.float64)
+    with pytest.raises(ValueError, match="advantages: got 1 non-finite values of 4"):
+        update(model, None, rollout, advantages, GRPOConfig(group_size=2, kl_beta=0.0), optimizer)

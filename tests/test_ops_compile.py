@@ -11,7 +11,7 @@ import torch
 from conftest import assert_close, randn
 
 import margrpo.ops as ops
-from margrpo.ops import _kernels
+from margrpo.ops import _kernels, reference
 
 KERNELS = {
     "gaussian_logprob": ("gaussian_logprob_fwd", "gaussian_logprob_bwd"),
@@ -79,17 +79,35 @@ def test_fullgraph_matches_eager(backend, gen):
         assert_compiled_matches_eager(torch.compile(pipeline, fullgraph=True, backend="aot_eager"), gen)
 
 
-def test_backend_choice_is_guarded(gen):
+def test_backend_choice_is_guarded(gen, monkeypatch):
     """Changing the backend recompiles instead of reusing a graph that baked in the old one: the
-    torch backend rejects std <= 0, the cpp backend returns NaN there."""
+    compiled call reaches the torch backend's kernel only while that backend is selected. Both
+    backends apply the one std policy (an error by default, NaN with check_std=False)."""
     require_all_kernels("cpp")
     torch._dynamo.reset()
-    fn = torch.compile(lambda x, s: ops.gaussian_logprob(x, x, s), fullgraph=True, backend="aot_eager")
-    x, bad_std = randn(gen, 2, 3), torch.tensor([[1.0], [-1.0]], dtype=torch.float64)
-    with ops.use_backend("torch"), pytest.raises(ValueError, match="std: 1 of 2"):
-        fn(x, bad_std)
-    with ops.use_backend("cpp"):
-        assert torch.isnan(fn(x, bad_std)[1])
+    calls = []
+    original = reference.gaussian_logprob_fwd
+
+    def spy(*args):
+        calls.append(args)
+        return original(*args)
+
+    monkeypatch.setattr(reference, "gaussian_logprob_fwd", spy)
+    _kernels.find.cache_clear()  # the kernels are looked up (and cached) by name
+    try:
+        fn = torch.compile(lambda x, s: ops.gaussian_logprob(x, x, s, check_std=False), fullgraph=True,
+                           backend="aot_eager")
+        checked = torch.compile(lambda x, s: ops.gaussian_logprob(x, x, s), fullgraph=True, backend="aot_eager")
+        x, bad_std = randn(gen, 2, 3), torch.tensor([[1.0], [-1.0]], dtype=torch.float64)
+        for name in ("torch", "cpp"):
+            calls.clear()
+            with ops.use_backend(name):
+                assert torch.isnan(fn(x, bad_std)[1]) and torch.isfinite(fn(x, bad_std)[0])
+                assert bool(calls) == (name == "torch"), name
+                with pytest.raises(ValueError, match="std: 1 of 2"):
+                    checked(x, bad_std)
+    finally:
+        _kernels.find.cache_clear()
 
 
 @pytest.mark.slow

@@ -130,21 +130,23 @@ def test_gradcheck_torch_backend(gen, reduce, std_form):
 
 @pytest.mark.parametrize("per_row", [True, False], ids=["row", "element"])
 def test_nonpositive_std_policy(backend, gen, per_row):
-    """The reference backend raises naming std and the count; fused backends return NaN exactly there."""
+    """One policy on every backend: an error naming std and the count by default; NaN exactly there
+    on the sync-free path (check_std=False)."""
     backend.require(MODULE, "gaussian_logprob_fwd")
     dev, R, C = backend.device, 5, 3
     x, mean = randn(gen, R, C, device=dev), randn(gen, R, C, device=dev)
     std = torch.rand(R, 1 if per_row else C, generator=gen, dtype=torch.float64).to(dev) + 0.5
     std[1, 0], std[3, 0] = 0.0, -1.0
-    if backend.name == "torch":
-        count = "2 of 5" if per_row else "2 of 15"
-        with pytest.raises(ValueError, match=f"std: {count}"):
-            ops.gaussian_logprob(x, mean, std, "none")
-        return
-    out = ops.gaussian_logprob(x, mean, std, "none").cpu()
+    count = "2 of 5" if per_row else "2 of 15"
+    for reduce in ("none", "sum"):
+        with pytest.raises(ValueError, match=f"std: {count} values .* <= 0.*check_std=False"):
+            ops.gaussian_logprob(x, mean, std, reduce)
+    with pytest.raises(ValueError, match=f"std: {R} of {R}"):  # a deterministic step's std = 0, as a float
+        ops.gaussian_logprob(x, mean, 0.0)
+    out = ops.gaussian_logprob(x, mean, std, "none", check_std=False).cpu()
     bad = (std <= 0).expand(R, C).cpu()
     assert torch.isnan(out[bad]).all() and torch.isfinite(out[~bad]).all()
-    summed = ops.gaussian_logprob(x, mean, std, "sum").cpu()
+    summed = ops.gaussian_logprob(x, mean, std, "sum", check_std=False).cpu()
     assert torch.equal(torch.isnan(summed), bad.any(-1))
 
 
@@ -155,7 +157,8 @@ def test_opcheck(backend, gen):
     mean = randn(gen, 5, 3, device=dev).requires_grad_()
     for std in (torch.rand(5, 1, dtype=F64, device=dev) + 0.5, torch.rand(5, 3, dtype=F64, device=dev) + 0.5):
         std.requires_grad_()
-        torch.library.opcheck(torch.ops.margrpo.gaussian_logprob.default, (x, mean, std, 1, backend.name))
+        for check_std in (True, False):
+            torch.library.opcheck(torch.ops.margrpo.gaussian_logprob.default, (x, mean, std, 1, check_std, backend.name))
         grad_out = randn(gen, 5, device=dev)
         args = (grad_out, x.detach(), mean.detach(), std.detach(), 1, backend.name)
         torch.library.opcheck(torch.ops.margrpo.gaussian_logprob_backward.default, args)

@@ -286,3 +286,12 @@ def _good():
 def test_bad_input(kwargs, error, match):
     with pytest.raises(error, match=match):
         ops.grpo_surrogate(**(_good() | kwargs))
+
+
+def test_a_nan_advantage_is_an_error_on_cpu(gen):
+    """Eager calls on CPU tensors check the advantages (free there): a NaN one is named, not a NaN loss."""
+    logp, old, advantages = inputs(gen, None, 3, 5, F32, "cpu")
+    advantages = advantages.clone()
+    advantages[1] = float("nan")
+    with pytest.raises(ValueError, match="advantages: got 1 non-finite values of 3"):
+        ops.grpo_surrogate(logp, old, advantages, torch.ones(3, 5, dtype=torch.bool))

@@ -214,7 +214,8 @@ def _fused(op: str) -> Callable[[Inputs], object]:
     import margrpo.ops as ops
 
     if op == "gaussian_logprob":
-        return lambda t: ops.gaussian_logprob(t["x"], t["mean"], t["std"], reduce="sum")
+        # check_std=False: the sync-free path the samplers take on a GPU
+        return lambda t: ops.gaussian_logprob(t["x"], t["mean"], t["std"], reduce="sum", check_std=False)
     if op == "trajectory_std+topk_mask":
         # check_finite=False: the scores come from a std, the hot path skips the NaN scan
         return lambda t: ops.topk_mask(ops.trajectory_std(t["samples"]), ratio=TOPK_RATIO, check_finite=False)

@@ -30,8 +30,9 @@ class StepOutput(NamedTuple):
 
 def transition_logprob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
     """log N(x; mean, std^2) summed over the last dim: x, mean [..., C]; std > 0 broadcastable to x
-    with a last dim of 1 or C. -> [...]. The one place the samplers evaluate a Gaussian density."""
-    return ops.gaussian_logprob(x, mean, std, reduce="sum")
+    with a last dim of 1 or C. -> [...]. The one place the samplers evaluate a Gaussian density.
+    std <= 0 is an error on the CPU; on a GPU the rollout stays sync-free (check_std=False: NaN there)."""
+    return ops.gaussian_logprob(x, mean, std, reduce="sum", check_std=x.device.type == "cpu")
 
 
 class Sampler:

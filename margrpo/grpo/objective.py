@@ -30,7 +30,8 @@ def position_logp(x_prev: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, p
     -> [T, B, L * P], each of a token's P pixels summing its C / P channels (P = 1: the token's
     log-prob). Differentiable in mean and std."""
     x_prev, mean, std = (split_pixels(v, pixels_per_token) for v in (x_prev, mean, std.expand_as(x_prev)))
-    return ops.gaussian_logprob(x_prev, mean, std, reduce="sum")
+    # std <= 0 is an error on the CPU; on a GPU the update stays sync-free (NaN there, caught as a non-finite loss)
+    return ops.gaussian_logprob(x_prev, mean, std, reduce="sum", check_std=x_prev.device.type == "cpu")
 
 
 def grouped_token_weights(keep: torch.Tensor, aggregation: str, dtype: torch.dtype,

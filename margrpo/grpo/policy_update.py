@@ -278,6 +278,10 @@ def update(policy, reference, rollout: Rollout, advantages: torch.Tensor, config
     B = rollout.batch_size
     if advantages.shape != (B,):
         raise ValueError(f"advantages: got shape {tuple(advantages.shape)}, expected ({B},), one per image of rollout")
+    if not bool(torch.isfinite(advantages).all()):  # else a NaN loss, skipped without saying why
+        bad = int((~torch.isfinite(advantages)).sum())
+        raise ValueError(f"advantages: got {bad} non-finite values of {B}, expected finite numbers (a NaN reward, or "
+                         "advantages of a group of one?)")
     if config.kl_beta > 0 and reference is None:
         raise ValueError(f"reference: got None with grpo.kl_beta={config.kl_beta}, expected the frozen reference "
                          "policy (or set kl_beta to 0)")

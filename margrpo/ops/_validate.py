@@ -37,6 +37,13 @@ def same_device(**tensors: torch.Tensor) -> torch.device:
     return device
 
 
+def all_finite(name: str, tensor: torch.Tensor, hint: str = "") -> None:
+    """No NaN or infinity in `tensor` (reads the data: for eager CPU calls, where that costs no sync)."""
+    bad = int((~torch.isfinite(tensor)).sum())
+    if bad:
+        raise ValueError(f"{name}: got {bad} non-finite values of {tensor.numel()}, expected finite numbers {hint}".rstrip())
+
+
 def choice(name: str, value: object, options: tuple[str, ...]) -> None:
     if value not in options:
         raise ValueError(f"{name}: got {value!r}, expected one of {', '.join(repr(o) for o in options)}")

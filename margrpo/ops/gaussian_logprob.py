@@ -2,6 +2,10 @@
 
 The per-step transition log-probability of a diffusion sampler, summed over a token's channels.
 fp32 accumulation and output for fp16/bf16/fp32 inputs. Gradients flow to x, mean and std.
+
+One std policy for every backend: std <= 0 (no density, e.g. a deterministic step's std = 0) is a
+ValueError naming std, unless the caller chose the sync-free path with check_std=False, where the
+kernels give NaN for those elements (the check reads the data: a host sync on a GPU).
 """
 from __future__ import annotations
 
@@ -20,18 +24,19 @@ def _check_std_positive(std: torch.Tensor) -> None:
     bad = int((std <= 0).sum())
     if bad:
         raise ValueError(
-            f"std: {bad} of {std.numel()} values (after broadcasting over rows) are <= 0, expected std > 0; "
-            "the 'torch' backend checks this, the others return NaN there"
+            f"std: {bad} of {std.numel()} values (after broadcasting over rows) are <= 0, expected std > 0 "
+            "(a step without noise has no density: leave it out, see Sampler.stochastic_steps); "
+            "check_std=False skips this check and gives NaN there"
         )
 
 
-def _forward(kernels, backend: str, x, mean, std, reduce: int):
-    if backend == "torch":
+def _forward(kernels, backend: str, x, mean, std, reduce: int, check_std: bool):
+    if check_std:
         _check_std_positive(std)
     return kernels[0](x, mean, std, reduce)
 
 
-def _fake(x, mean, std, reduce):
+def _fake(x, mean, std, reduce, check_std):
     out_shape = x.shape if reduce == reference.REDUCE_NONE else x.shape[:-1]
     return x.new_empty(out_shape, dtype=reference.acc_dtype(x.dtype))
 
@@ -42,18 +47,19 @@ def _backward_fake(grad_out, x, mean, std, reduce):
 
 
 def _save(inputs, output):
-    x, mean, std, reduce = inputs
+    x, mean, std, reduce, _check_std = inputs
     return (x, mean, std), (reduce,)
 
 
 def _backward(run, saved, attrs, grad_out):
     x, mean, std = saved
     gx, gm, gs = run(grad_out, x, mean, std, *attrs)
-    return gx.to(x.dtype), gm.to(mean.dtype), gs.to(std.dtype), None
+    return gx.to(x.dtype), gm.to(mean.dtype), gs.to(std.dtype), None, None
 
 
 _OP = FusedOp(
-    "gaussian_logprob", _MODULE, _KERNELS, "(Tensor x, Tensor mean, Tensor std, int reduce, str backend) -> Tensor",
+    "gaussian_logprob", _MODULE, _KERNELS,
+    "(Tensor x, Tensor mean, Tensor std, int reduce, bool check_std, str backend) -> Tensor",
     _forward, _fake,
     Gradient(_save, _backward, kernel=_KERNELS[1], fake=_backward_fake,
              schema="(Tensor grad_out, Tensor x, Tensor mean, Tensor std, int reduce, str backend) -> (Tensor, Tensor, Tensor)"),
@@ -84,7 +90,8 @@ def _std_rows(std: object, x: torch.Tensor, R: int, dtype: torch.dtype) -> torch
     return std.reshape(R, width)
 
 
-def gaussian_logprob(x: torch.Tensor, mean: torch.Tensor, std: float | torch.Tensor, reduce: str = "sum") -> torch.Tensor:
+def gaussian_logprob(x: torch.Tensor, mean: torch.Tensor, std: float | torch.Tensor, reduce: str = "sum", *,
+                     check_std: bool = True) -> torch.Tensor:
     """log N(x; mean, std^2) per element, reduced over the last (channel) dim.
 
     Args:
@@ -92,13 +99,15 @@ def gaussian_logprob(x: torch.Tensor, mean: torch.Tensor, std: float | torch.Ten
         std: a python float, a 0-d tensor, [..., 1] (one std per row) or [..., C] (per element);
             any tensor that broadcasts to x's shape.
         reduce: "sum" -> [...], "mean" -> [...], "none" -> [..., C].
+        check_std: raise ValueError when std has values <= 0 (every backend; costs a host sync on a
+            GPU). False: the sync-free path, where those elements (and their row's sum or mean) are NaN.
 
     The three inputs compute in their common dtype (torch.promote_types); the result is float32
     (float64 for float64 inputs). Gradients flow to x, mean and std (to std's own shape).
 
-    std <= 0: the "torch" (reference) backend raises ValueError naming std and the bad count; the
-    fused backends (cpp, cuda, triton) follow the kernel policy and return NaN for those elements,
-    so a bad std is visible without a host synchronisation.
+    std <= 0: with check_std (the default) every backend raises ValueError naming std and the bad
+    count; with check_std=False every backend returns NaN for those elements (the kernel policy), so
+    a bad std stays visible without a host synchronisation.
     """
     _validate.choice("reduce", reduce, _REDUCE_NAMES)
     x = _validate.float_tensor("x", x)
@@ -117,5 +126,5 @@ def gaussian_logprob(x: torch.Tensor, mean: torch.Tensor, std: float | torch.Ten
     operand = _kernels.operand
     x2, mean2, std2 = operand(x.reshape(R, C), dtype), operand(mean.reshape(R, C), dtype), operand(std2, dtype)
     code = _REDUCE[reduce]
-    out = _OP(device, x2, mean2, std2, code, empty=R == 0)
+    out = _OP(device, x2, mean2, std2, code, bool(check_std), empty=R == 0)
     return out.reshape(x.shape if code == reference.REDUCE_NONE else x.shape[:-1])

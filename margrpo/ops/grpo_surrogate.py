@@ -124,6 +124,8 @@ def grpo_surrogate(
         raise TypeError(f"mte_mask: got {got}, expected a bool torch.Tensor or None")
     _validate.same_shape("mte_mask", mte_mask, (B, L), "[B, L] like the last two dims of logp")
     device = _validate.same_device(logp=logp, old_logp=old_logp, advantages=advantages, mask=mask, mte_mask=mte_mask)
+    if device.type == "cpu" and _kernels.direct_call_allowed():  # free here; on a GPU it would be a host sync
+        _validate.all_finite("advantages", advantages, "(a NaN reward, or advantages of an empty group?)")
     _validate.choice("aggregation", aggregation, _AGGREGATIONS)
     clip_low = _validate.number("clip_eps", clip_eps, low=0.0)
     clip_high = clip_low if clip_eps_high is None else _validate.number("clip_eps_high", clip_eps_high, low=0.0)
