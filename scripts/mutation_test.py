@@ -101,6 +101,8 @@ UPDATE = ("tests/test_grpo_update.py", OBJ)
 OPTIM = "tests/test_trainer_optim.py"
 ROLLOUT = ("tests/test_rollout.py",)
 KNOWN_MASK = ("tests/test_rollout_known_mask.py",)
+PROPS = PROPS_FILE = "tests/test_grpo_properties.py"
+ROLL_PROPS = "tests/test_rollout_properties.py"
 
 
 def _ops(name: str) -> tuple[str, ...]:
@@ -214,7 +216,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("metrics_not_averaged_over_epochs", f"{GRPO}/policy_update.py::update",
            "collectives.mean(value / config.inner_epochs)", "collectives.mean(value)",
            "loss metrics summed over inner epochs", (f"{OBJ}::test_metrics_are_means_over_inner_epochs",)),
-    Mutant("samples_or", f"{GRPO}/policy_update.py::update",
+    Mutant("samples_or", f"{GRPO}/policy_update.py::_transition_losses",
            "keep = keep & samples.to(keep.device)", "keep = keep | samples.to(keep.device)",
            "left-out images stay in the policy term", (f"{OBJ}::test_left_out_images_leave_the_normaliser",)),
     Mutant("kl_weights_follow_selection", f"{GRPO}/policy_update.py::update_weights",
@@ -311,6 +313,37 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("surrogate_approx_kl_sign", f"{REF}::grpo_surrogate_fwd",
            "(w * (ratio - 1.0 - log_ratio)).sum()", "(w * (ratio - 1.0 + log_ratio)).sum()",
            "approx_kl diagnostic with the wrong sign of log r", _ops("grpo_surrogate")),
+    # ------------------------------------------------ issue 30: corners that only other modules' tests guarded
+    Mutant("tracker_restore_unbounded", f"{GRPO}/advantages.py::PromptTracker.load_state_dict",
+           "self.history = defaultdict(lambda: deque(maxlen=self.buffer_size))", "self.history = defaultdict(deque)",
+           "a restored tracker's per-prompt buffers lose their bound",
+           (f"{PROPS}::test_a_restored_tracker_equals_a_fresh_one_fed_the_same_rewards",)),
+    Mutant("k3_pixels_strided", f"{GRPO}/objective.py::chunk_loss",
+           "token_logp = logp.reshape(T, B, -1, pixels_per_token).sum(-1)",
+           "token_logp = logp.reshape(T, B, pixels_per_token, -1).sum(-2)",
+           "the KL's token log-prob sums strided pixels, not a token's own",
+           (f"{PROPS}::test_k3_kl_scores_each_token_by_the_sum_of_its_pixels_logprobs",)),
+    Mutant("minibatches_ceil_sized", f"{GRPO}/policy_update.py::minibatches",
+           "count = min(config.minibatches, B)", "count = max(1, B // math.ceil(B / config.minibatches))",
+           "minibatches of ceil(B / m) images: fewer optimizer steps than asked",
+           (f"{PROPS}::test_optimizer_steps_per_pass_are_min_of_minibatches_and_units",)),
+    Mutant("effective_index_is_raw", f"{ROLL}/record.py::Rollout.effective_index",
+           "return sum(1 for n in self.reveal_counts[: self.plan.mask_steps[j]] if n > 0)",
+           "return self.plan.mask_steps[j]",
+           "effective mask-step index counts the steps that reveal nothing",
+           (PROPS_FILE, "-k", "effective")),
+    Mutant("post_step_scored_at_temperature_1", f"{ROLL}/generate.py::generate",
+           "guidance_for(config, cfg_scales[j_prev]), config.temperature,", "guidance_for(config, cfg_scales[j_prev]), 1.0,",
+           "post-step transitions scored at temperature 1", (f"{ROLL_PROPS}::test_the_first_update_is_on_policy",)),
+    Mutant("guidance_canvas_interleaved", f"{ROLL}/guidance.py::forward_rows",
+           "canvas.repeat(repeat, 1, 1)", "canvas.repeat_interleave(repeat, 0)",
+           "guided canvas rows interleaved: uncond rows see other images' canvases", (ROLL_PROPS,)),
+    Mutant("guidance_prompts_swapped", f"{ROLL}/guidance.py::prompt_rows",
+           "return PromptRows(cond.cat(uncond), 2)", "return PromptRows(uncond.cat(cond), 2)",
+           "guided prompt rows [uncond; cond]", (ROLL_PROPS,)),
+    Mutant("guidance_head_rows_reversed", f"{ROLL}/guidance.py::head_condition",
+           "for half in z.chunk(rows.rows_per_image)])", "for half in reversed(z.chunk(rows.rows_per_image))])",
+           "the head's condition rows [uncond; cond]", (ROLL_PROPS,)),
     # ------------------------------------------------ equivalent: cannot change behaviour
     Mutant("policy_stat_not_detached", f"{GRPO}/objective.py::chunk_loss",
            "policy.detach(), kl.detach(), *shares", "policy, kl.detach(), *shares",
