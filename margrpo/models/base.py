@@ -7,6 +7,7 @@ decoding tokens to pixels.
 """
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -14,6 +15,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from margrpo.conformance import protocol_mismatches
 from margrpo.heads.protocol import DiffusionHead
 
 
@@ -68,6 +70,10 @@ class MARBackbone(Protocol):
         """canvas [B, N, C] (values at known positions; anything elsewhere), known bool [B, N]
         -> z [B, N, Dz], the head's condition for every position.
 
+        known is True where a token is already generated: the inverse of LTH14/mar's `mask` (True =
+        still to predict), so MAR's forward_mae(tokens, mask) is forward_z(..., canvas, ~known).
+        prompts holds 2B rows ([cond; uncond]) when the rollout guides, as MAR's CFG batch.
+
         known_count: the number of known positions, the same in every row, when the caller knows it
         on the host (the rollout and the likelihood do): a backbone whose shapes depend on it then
         needs no device-to-host read of `known` (a sync per mask step on a GPU). Trusted, not checked."""
@@ -81,3 +87,30 @@ class MARBackbone(Protocol):
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         """Parameters GRPO updates by default (the head excluded: it is frozen)."""
+
+
+_CONFORMING: weakref.WeakSet = weakref.WeakSet()  # backbones already checked (the rollout checks every call)
+
+
+def check_backbone(backbone, argument: str = "backbone"):
+    """`backbone` itself, after checking that it implements MARBackbone (every member, the methods'
+    parameter names) and that its head implements DiffusionHead: a TypeError naming each missing or
+    mismatched member, at the call that passes the backbone in, instead of an AttributeError in the
+    middle of a rollout. Checked once per object."""
+    try:
+        if backbone in _CONFORMING:
+            return backbone
+    except TypeError:  # not weak-referenceable: checked every time
+        pass
+    problems = protocol_mismatches(backbone, MARBackbone)
+    if not problems:
+        problems = [f"head.{p}" for p in protocol_mismatches(backbone.head, DiffusionHead)]
+    if problems:
+        raise TypeError(f"{argument}: {type(backbone).__name__} does not implement margrpo.models.MARBackbone: "
+                        + "; ".join(problems) + " (docs/USING.md, 'Your transformer as a MARBackbone'; a head from "
+                        "another codebase: margrpo.heads.adapt)")
+    try:
+        _CONFORMING.add(backbone)
+    except TypeError:
+        pass
+    return backbone

@@ -16,6 +16,8 @@ import torch
 
 from margrpo.checkpoints import resolve_checkpoint
 
+from .base import check_backbone
+
 if TYPE_CHECKING:
     from .base import MARBackbone
     from .config import BackboneConfig
@@ -73,4 +75,5 @@ def load_backbone(config: BackboneConfig, device: str | torch.device = "cpu") ->
             f"model directory; write the trained model out with `margrpo export {checkpoint} OUT_DIR` and use "
             "backbone.checkpoint=OUT_DIR (margrpo sample and eval take it directly as --checkpoint)")
     dtype = getattr(torch, config.dtype)
-    return loader(checkpoint, device=resolve_device(device), dtype=dtype, **config.options).eval()
+    backbone = loader(checkpoint, device=resolve_device(device), dtype=dtype, **config.options)
+    return check_backbone(backbone, f"backbone.name {config.name!r}").eval()

@@ -38,6 +38,7 @@ from collections.abc import Sequence
 import torch
 
 from margrpo.heads import multi_seed_denoise
+from margrpo.models.base import check_backbone
 
 from .config import RolloutConfig
 from .guidance import forward_rows, guidance_for, head_condition, prompt_rows
@@ -174,6 +175,7 @@ def generate(
     recorded noise, else the sample (same shared seed, itself drawing its own) whose recorded noise it
     takes negated (margrpo.rollout.seeding.mirror_pairs). Runs without gradient.
     """
+    check_backbone(backbone)
     _check_inputs(prompts, seeds, config)
     if shared_seeds is not None:
         _check_inputs(prompts, shared_seeds, config)

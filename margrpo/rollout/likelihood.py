@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from margrpo.heads import MultiSeedSamples, denoise_logprob
+from margrpo.models.base import check_backbone
 
 from .guidance import forward_rows, guidance_for, head_condition, prompt_rows
 from .record import RECORDED, Rollout, head_to_rollout, rollout_to_head
@@ -54,6 +55,7 @@ def rollout_logprob(
     trainer can backpropagate one mask step at a time. Ratio 1 on-policy needs the backbone in the
     same mode as in the rollout (eval: no dropout).
     """
+    check_backbone(backbone)
     if cfg not in LIKELIHOOD_CFG:
         raise ValueError(f"cfg: got {cfg!r}, expected one of {', '.join(LIKELIHOOD_CFG)}")
     M = rollout.plan.num_mask_steps

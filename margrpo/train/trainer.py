@@ -26,6 +26,7 @@ from margrpo.config import ConfigFileNotFoundError, to_dict
 from margrpo.grpo import Collectives, update
 from margrpo.grpo import advantages as adv_mod
 from margrpo.models import load_backbone, resolve_device
+from margrpo.models.base import check_backbone
 from margrpo.rollout import choose_plan, generate, mask_schedule, mirror_pairs, sample_seed, shared_seed
 
 from . import checkpoint as ckpt
@@ -111,7 +112,7 @@ class Trainer:
         self.out_dir = Path(run.out_dir)
         self.is_main = self.rank == 0
 
-        self.policy = load_backbone(config.backbone, self.device) if policy is None else policy
+        self.policy = load_backbone(config.backbone, self.device) if policy is None else check_backbone(policy, "policy")
         self.sampler = self.policy.make_sampler(config.backbone.diffusion_steps)
         self._check_recordable()
         self._configure_trainable()
