@@ -7,6 +7,7 @@ installed). The score of a category is the mean over its images, as the benchmar
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,30 +33,40 @@ METHODS = {"color": "BLIP-VQA", "shape": "BLIP-VQA", "texture": "BLIP-VQA", "spa
 SUBSTITUTED = ("spatial", "3d_spatial", "numeracy", "complex")
 
 
+@dataclass
 class CompBenchReport(SuiteReport):
-    """A SuiteReport whose table names each category's method and marks every substitute."""
+    """A SuiteReport whose table names each category's method (methods) and marks every substitute
+    (substitutes: the categories scored other than by the benchmark's own procedure); notes: printed
+    under the table."""
+
+    methods: dict[str, str] = field(default_factory=dict)
+    substitutes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     def table(self) -> str:
-        methods = self.settings.get("methods", {})
+        methods = self.methods
         width = max(len("category"), *(len(k) for k in self.scores))
         lines = [f"{self.suite}: {'category':<{width}}  score   images  method"]
         indent = " " * (len(self.suite) + 2)
         for key, value in self.scores.items():
             lines.append(f"{indent}{key:<{width}}  {value:.4f}  {self.images.get(key, 0):>6}  {methods.get(key, '')}")
-        lines += [f"{indent}{note}" for note in self.settings.get("notes", [])]
+        lines += [f"{indent}{note}" for note in self.notes]
         return "\n".join(lines)
 
     def markdown(self) -> str:
         """One row in the T2I-CompBench++ column order; substitute columns starred and explained."""
-        subs = set(self.settings.get("substitutes", []))
+        subs = set(self.substitutes)
         heads = [f"{k}*" if k in subs else k for k in self.scores]
         lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads),
                  "| " + " | ".join(f"{v:.4f}" for v in self.scores.values()) + " |", ""]
         if subs:
             lines.append("\\* scored with a substitute, not comparable with published T2I-CompBench numbers: "
-                         + "; ".join(f"{k}: {self.settings['methods'][k]}" for k in self.scores if k in subs))
-        lines += self.settings.get("notes", [])
+                         + "; ".join(f"{k}: {self.methods[k]}" for k in self.scores if k in subs))
+        lines += self.notes
         return "\n".join(lines) + "\n"
+
+    def to_json(self) -> dict[str, Any]:
+        return {**super().to_json(), "methods": self.methods, "substitutes": self.substitutes, "notes": self.notes}
 
     def write(self, path: str | Path) -> Path:
         path = super().write(path)
@@ -137,10 +148,9 @@ class CompBenchSuite(Suite):
         if self.parser is not None and not self.parser.official:
             notes.append(f"prompt words read by {self.parser.name}: install spaCy and en_core_web_sm for the "
                          "benchmark's own reading")
-        settings = {"methods": methods, "substitutes": [c for c in scores if c in SUBSTITUTED or
-                                                        "substitute" in methods[c]], "notes": notes,
-                    "parser": self.parser.name if self.parser is not None else None}
-        return CompBenchReport(self.name, scores, counts, settings=settings, details=details)
+        substitutes = [c for c in scores if c in SUBSTITUTED or "substitute" in methods[c]]
+        return CompBenchReport(self.name, scores, counts, details=details, methods=methods, substitutes=substitutes,
+                               notes=notes)
 
     def _score_chunk(self, images: torch.Tensor, records: list[PromptRecord], details: list[dict]) -> list[float]:
         """Scores of a chunk of images (any categories mixed), filling each image's details."""

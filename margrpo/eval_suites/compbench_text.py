@@ -21,10 +21,10 @@ EXCLUDED_CHUNKS = ("top", "the side", "the left", "the right")
 COMPLEX_RELATIONS = ("on top of", "on bottom of", "on the left", "on the right", "next to", "on side of", "near")
 DETERMINERS = frozenset("a an the this that these those its his her their our my your some one two three four five "
                         "six seven eight".split())
-FUNCTION_WORDS = frozenset(
+AUXILIARIES = frozenset("is are was were be been being has have had".split())
+FUNCTION_WORDS = AUXILIARIES | frozenset(
     "and or but with without on in of at near next to behind by under over above below beside besides from into "
-    "onto for while as is are was were be been being has have had that which who whose front top bottom left right "
-    "side hidden there here it they them".split())
+    "onto for while as that which who whose front top bottom left right side hidden there here it they them".split())
 ATTRIBUTE_WORDS = frozenset(
     "red orange yellow green blue purple pink brown black white gray grey beige gold golden silver violet "
     "wooden wood metallic metal plastic glass leather fabric rubber fluffy furry soft hard smooth rough shiny "
@@ -45,16 +45,20 @@ class RuleParser:
     official = False
 
     def chunks(self, prompt: str) -> list[list[str]]:
-        """Runs of words between punctuation and function words, each with a word that is not a determiner."""
+        """Runs of words between punctuation, function words and determiners (a determiner opens a run),
+        each with a word that is not a determiner; after an auxiliary ("is reading a book") the words
+        before the next determiner are taken for a verb and skipped."""
         out: list[list[str]] = []
         for piece in re.split(r"[,.;:!?()\"]", prompt):
             run: list[str] = []
+            skipping = False
             for word in words(piece) + ["and"]:  # a trailing separator closes the last run
-                if word in FUNCTION_WORDS:
+                if word in FUNCTION_WORDS or word in DETERMINERS:
                     if any(w not in DETERMINERS for w in run):
                         out.append(run)
-                    run = []
-                else:
+                    run = [word] if word in DETERMINERS else []
+                    skipping = (skipping or word in AUXILIARIES) and word not in DETERMINERS
+                elif not skipping:
                     run.append(word)
         return out
 

@@ -14,6 +14,7 @@ and its 95% bootstrap interval over prompts (margrpo.eval_suites.paired).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -58,8 +59,15 @@ def parse_reward_options(items: list[str] | dict | None) -> dict[str, dict[str, 
     return out
 
 
+@dataclass
 class PreferenceReport(SuiteReport):
-    """Scores per column; settings['comparison'] holds the before / after rows when compared."""
+    """Scores per column (raw; the table shows HPS x 100); per_prompt: each prompt's mean per column;
+    comparison (when compared with `compare`, an earlier report): per column the before and after
+    means, the paired difference and its interval."""
+
+    per_prompt: list[dict[str, Any]] = field(default_factory=list)
+    compare: str | None = None
+    comparison: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def _value(self, name: str, value: float) -> str:
         scale = next(s for n, _, s in COLUMNS if n == name)
@@ -67,7 +75,7 @@ class PreferenceReport(SuiteReport):
 
     def rows(self) -> list[tuple[str, ...]]:
         titles = {n: t for n, t, _ in COLUMNS}
-        comparison = self.settings.get("comparison")
+        comparison = self.comparison
         if not comparison:
             return [("", *(titles[n] for n in self.scores)), ("score", *(self._value(n, v) for n, v in self.scores.items()))]
         rows = [("", *(titles[n] for n in self.scores)),
@@ -83,10 +91,10 @@ class PreferenceReport(SuiteReport):
         rows = self.rows()
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
-        lines.append(f"{self.images.get('all', 0)} images, {len(self.settings.get('per_prompt', []))} prompts")
-        if self.settings.get("comparison"):
-            paired = next(iter(self.settings["comparison"].values()))["prompts"]
-            lines.append(f"paired over {paired} prompts with {self.settings['compare']}")
+        lines.append(f"{self.images.get('all', 0)} images, {len(self.per_prompt)} prompts")
+        if self.comparison:
+            paired = next(iter(self.comparison.values()))["prompts"]
+            lines.append(f"paired over {paired} prompts with {self.compare}")
         return "\n".join(f"{self.suite}: {line}" for line in lines)
 
     def markdown(self) -> str:
@@ -96,9 +104,9 @@ class PreferenceReport(SuiteReport):
         return "\n".join(lines) + "\n"
 
     def to_json(self) -> dict[str, Any]:
-        out = super().to_json()
-        out["per_prompt"] = self.settings.get("per_prompt", [])
-        return out
+        scales = {n: s for n, _, s in COLUMNS}
+        return {**super().to_json(), "display_scale": {n: scales[n] for n in self.scores},
+                "per_prompt": self.per_prompt, "compare": self.compare, "comparison": self.comparison}
 
     def write(self, path: str | Path) -> Path:
         path = super().write(path)
@@ -153,11 +161,9 @@ class PreferenceSuite(Suite):
         per_prompt = [{"prompt": p, **{n: sum(d["scores"][n] for d in details if d["prompt"] == p) / k
                                       for n in values}} for p, k in seen.items()]
         scores = {n: sum(v) / len(v) for n, v in values.items()}
-        settings: dict[str, Any] = {"per_prompt": per_prompt, "display_scale": {n: s for n, _, s in COLUMNS}}
-        if self.baseline is not None:
-            settings["compare"] = self.compare
-            settings["comparison"] = self._comparison(details)
-        return PreferenceReport(self.name, scores, {"all": len(records)}, settings=settings, details=details)
+        comparison = self._comparison(details) if self.baseline is not None else {}
+        return PreferenceReport(self.name, scores, {"all": len(records)}, details=details, per_prompt=per_prompt,
+                                compare=self.compare, comparison=comparison)
 
     def _comparison(self, details: list[dict]) -> dict[str, dict[str, float]]:
         """Per column: before and after means over the paired images, and the paired difference over prompts."""
