@@ -245,3 +245,57 @@ def test_config_refuses_what_matching_cannot_do(overrides, message):
 
     with pytest.raises(ConfigError, match=message):
         load_config(None, overrides)
+
+
+# ---------------------------------------------------------------- rollout.seed_chains: commit (parity MTE)
+def _seeded(model, sampler, **overrides):
+    values = dict(num_mask_steps=5, schedule="harmon", cfg_scale=2.0, num_seeds=2, record_mask_steps=3,
+                  record_diffusion_steps=2)
+    plan = RecordPlan(mask_steps=(0, 2, 3), diffusion_steps=((0, 3), (1, 4), (0, 2)))
+    return generate(model, PROMPTS, RolloutConfig(**{**values, **overrides}), SEEDS, sampler=sampler, plan=plan)
+
+
+def test_commit_chains_equal_step_chains_for_revealed_tokens(tiny):
+    """A token committed at the recorded step has z_c = z_j: the same chains in both modes."""
+    model, sampler = tiny
+    step, commit = _seeded(model, sampler), _seeded(model, sampler, seed_chains="commit")
+    for name in ("x_t", "x_prev", "mean", "std", "logp"):
+        torch.testing.assert_close(getattr(commit, name), getattr(step, name), rtol=1e-10, atol=1e-12)
+
+
+def test_commit_chains_of_later_tokens_come_from_their_commit_step(tiny):
+    """In "unknown" mode a position committed after recorded step j gets, as seed chains at j, the
+    chains its commit step draws (z_c, same noise), scored under z_j: trajectory 0 and the committed
+    positions are unchanged; the later positions' seed transitions differ from the step-drawn ones
+    and their recorded log-probs are those of rollout_logprob under the rollout's own policy."""
+    from margrpo.rollout import rollout_logprob
+
+    model, sampler = tiny
+    step = _seeded(model, sampler, likelihood_positions="unknown")
+    commit = _seeded(model, sampler, likelihood_positions="unknown", seed_chains="commit")
+    assert torch.equal(commit.x_prev[0], step.x_prev[0])
+    committed = step.l_committed()
+    torch.testing.assert_close(commit.x_prev[1:, :, committed], step.x_prev[1:, :, committed])
+    later = ~committed
+    assert later.any()
+    assert (commit.x_prev[1:, :, later] - step.x_prev[1:, :, later]).abs().amax() > 1e-3
+    with torch.no_grad():
+        rescored = rollout_logprob(model, commit)
+    torch.testing.assert_close(rescored.logp, commit.logp, rtol=1e-9, atol=1e-9)  # on-policy: ratio 1
+    # the chain a later position gets at step 0 is the one its commit step records: compare x_t at a
+    # diffusion step both steps record (step 0 records diffusion steps (0, 3), step 3 records (0, 2))
+    n3 = commit.step_revealed(2)
+    for b in range(commit.batch_size):
+        pos3 = commit.positions(2)[b, :n3].tolist()  # committed at recorded step index 2 (mask step 3)
+        pos0 = commit.positions(0)[b].tolist()
+        for p in pos3:
+            at0, at3 = pos0.index(p), pos3.index(p)
+            x0 = commit.x_t[1:, b, commit.l_slice(0).start + at0]  # diffusion step 0 is r = 0 at both
+            x3 = commit.x_t[1:, b, commit.l_slice(2).start + at3]
+            torch.testing.assert_close(x0, x3)
+
+
+def test_commit_chains_refuse_the_post_step_mask():
+    with pytest.raises(ValueError, match="seed_chains"):
+        RolloutConfig(num_mask_steps=5, schedule="harmon", num_seeds=2, record_mask_steps=2,
+                      likelihood_positions="unknown", known_mask="post_step", seed_chains="commit")

@@ -60,6 +60,10 @@ class RolloutConfig:
     record_diffusion_range: tuple[int | None, ...] | None = None  # (start, stop)
     likelihood_positions: Literal["revealed", "unknown"] = "revealed"
     known_mask: Literal["pre_step", "post_step"] = "pre_step"
+    # where the K seed chains of a recorded transition come from: "step" (drawn at the recorded step
+    # under its z) or "commit" (the reference code: drawn under each token's commit-time z, scored
+    # under the recorded step's z; margrpo.rollout.commit_chains)
+    seed_chains: Literal["step", "commit"] = "step"
 
     def __post_init__(self) -> None:
         check_rules(self, RULES)
@@ -121,4 +125,6 @@ RULES = (
     Rule("record_diffusion_steps", lambda v, c: _integer(v, 1), "an integer >= 1"),
     Rule("likelihood_positions", lambda v, c: v in ("revealed", "unknown"), "'revealed' or 'unknown'"),
     Rule("known_mask", lambda v, c: v in ("pre_step", "post_step"), "'pre_step' or 'post_step'"),
+    Rule("seed_chains", lambda v, c: v == "step" or (v == "commit" and c.known_mask == "pre_step"),
+         "'step', or 'commit' with known_mask 'pre_step'"),
 )

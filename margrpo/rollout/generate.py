@@ -40,6 +40,7 @@ import torch
 from margrpo.heads import multi_seed_denoise
 from margrpo.models.base import check_backbone
 
+from .commit_chains import CommitChains
 from .config import RolloutConfig
 from .guidance import forward_rows, guidance_for, head_condition, prompt_rows
 from .plan import RecordPlan, choose_plan, stochastic_steps
@@ -221,6 +222,7 @@ def generate(
     predictions: list = [None] * M  # "unknown" mode: pred_clean and pred_clean_prev per recorded step
     previous_predictions: list = [None] * M
     last_prediction = None
+    commit_chains = CommitChains() if config.seed_chains == "commit" and K > 0 and plan.num_mask_steps else None
     pending = None  # post-step mode: (j, positions, x_t and x_prev) of a recorded step, to score here
 
     start = 0
@@ -248,6 +250,10 @@ def generate(
         )
         x0 = out.x0.to(dtype).reshape(K + 1, B, P, C)
         committed = positions[:, :n]
+        if commit_chains is not None:
+            commit_chains.remember_commit(z, committed)
+            if j is not None:
+                commit_chains.remember_step(j, positions, head_condition(z, cond, positions))
         canvas.scatter_(1, committed[..., None].expand(-1, -1, C), x0[0, :, :n])
         known.scatter_(1, committed, True)
         seed_tokens.scatter_(2, committed[None, :, :, None].expand(K, -1, -1, C), x0[1:, :, :n])
@@ -269,6 +275,10 @@ def generate(
                 previous_predictions[j] = torch.zeros_like(canvas) if last_prediction is None else last_prediction
         last_prediction = prediction
         start += n
+
+    if commit_chains is not None:  # the reference's seed chains: drawn under each token's commit-time z
+        commit_chains.resample(records, backbone, cond, sampler, noise_bank, plan,
+                               lambda j: guidance_for(config, cfg_scales[j]), config.temperature, K)
 
     def cat(name: str, tail: tuple[int, ...], trajectories: int = K + 1) -> torch.Tensor:
         parts = [r[name] for r in records]
