@@ -154,7 +154,7 @@ def test_missing_scorer_weights_name_the_option_and_the_file(tmp_path, scorer_di
 
 
 def test_suite_registry():
-    assert available_suites() == ["shapes", "geneval"]
+    assert available_suites() == ["shapes", "geneval", "t2i-compbench", "preference"]
     with pytest.raises(ValueError, match="suite 'shapes': does not take option.s. detector; accepted: none"):
         build_suite("shapes", detector="x")
     with pytest.raises(KeyError, match="unknown suite 'drawbench'"):
