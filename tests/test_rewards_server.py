@@ -253,6 +253,22 @@ def test_image_without_pixels_gets_400_and_is_not_retried():
         assert code == 400 and "4x0 pixels" in reply["error"]
 
 
+@pytest.mark.parametrize("height,width", [(1, 70000), (70000, 1), (8193, 300), (2, 65), (300, 9)])
+def test_an_image_beyond_the_size_limits_gets_400_naming_them(server, height, width):
+    """A side over MAX_IMAGE_SIDE or an aspect ratio over MAX_ASPECT fails inside a reward (a 1 x 70000
+    image got a 500, which clients retry): refused before any reward runs, naming the limits."""
+    from margrpo.rewards.wire import MAX_ASPECT, MAX_IMAGE_SIDE
+
+    body = encode_request(torch.zeros(1, 3, height, width), ["p"], None)
+    code, reply = _post(f"{server.url}/score/jpeg", body)
+    assert code == 400, reply
+    assert f"got {height}x{width} pixels" in reply["error"] and str(MAX_IMAGE_SIDE) in reply["error"]
+    assert f"at most {MAX_ASPECT} times" in reply["error"]
+    for h, w in [(1, MAX_ASPECT), (MAX_IMAGE_SIDE // MAX_ASPECT, MAX_IMAGE_SIDE), (MAX_ASPECT, 1)]:  # the limits
+        images, _, _ = decode_request(encode_request(torch.zeros(1, 3, h, w), ["p"], None))
+        assert images.shape == (1, 3, h, w)
+
+
 def test_body_over_the_limit_gets_413():
     with serving({"mean_pixel": MeanPixel()}, max_body_bytes=4096) as srv:
         small = encode_request(images_u8(batch=1, h=8, w=8).float() / 255, ["p"], None)

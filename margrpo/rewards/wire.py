@@ -17,6 +17,11 @@ from safetensors.torch import save as st_save
 WIRE_DTYPES = {"uint8": torch.uint8, "float16": torch.float16}
 CONTENT_TYPE = "application/x-safetensors"
 TOKEN_ENV = "MARGRPO_REWARD_TOKEN"  # the shared token of `serve-reward --token`, read by both ends
+# images a reward can take: a larger side or a thinner strip fails inside a reward (JPEG's side limit is
+# 65500; a shortest-edge resize with a capped long side rounds a 1 x 70000 image to 0 rows), which the
+# server would report as a 500 the client retries; decode_request refuses them with a 400 instead
+MAX_IMAGE_SIDE = 8192
+MAX_ASPECT = 32  # long side / short side
 
 
 class PayloadError(ValueError):
@@ -49,6 +54,10 @@ def decode_request(body: bytes) -> tuple[torch.Tensor, list[str], list[dict[str,
         raise PayloadError(f"images: got {got}, expected uint8 or float16 [B, 3, H, W]")
     if images.shape[2] == 0 or images.shape[3] == 0:  # no pixels: a reward model would fail on it (a 500)
         raise PayloadError(f"images: got {images.shape[2]}x{images.shape[3]} pixels, expected H, W >= 1")
+    short, long = sorted(images.shape[2:])
+    if long > MAX_IMAGE_SIDE or long > MAX_ASPECT * short:
+        raise PayloadError(f"images: got {images.shape[2]}x{images.shape[3]} pixels, expected each side at most "
+                           f"{MAX_IMAGE_SIDE} and the long side at most {MAX_ASPECT} times the short one")
     if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
         raise PayloadError("prompts: expected a JSON list of strings")
     if metadata is not None and not (isinstance(metadata, list) and all(isinstance(m, dict) for m in metadata)):
