@@ -44,6 +44,11 @@ class Suite(abc.ABC):
     def score(self, images: torch.Tensor, records: list[PromptRecord]) -> SuiteReport:
         """Score images [B, 3, H, W] in [0, 1], one per record."""
 
+    @classmethod
+    def check_records(cls, records: list[PromptRecord]) -> None:
+        """ValueError when the scorer cannot judge these prompts (e.g. metadata it needs is missing);
+        called on a --prompts file before the scorer loads."""
+
 
 class ShapesSuite(Suite):
     """The ShapesWorld held-out split, `per_category` prompts of each grammar category, scored by the verifier."""
@@ -82,13 +87,17 @@ class GenEvalSuite(Suite):
 
         return geneval_prompts(per_category, seed)
 
-    def score(self, images: torch.Tensor, records: list[PromptRecord]) -> SuiteReport:
-        from .geneval_score import summarize
-
+    @classmethod
+    def check_records(cls, records: list[PromptRecord]) -> None:
         missing = [r.prompt for r in records if not r.meta.get("objects")]
         if missing:
             raise ValueError(f"geneval: prompt {missing[0]!r} has no 'objects' metadata, which this scorer judges "
                              "(a .jsonl prompt file: margrpo.prompt_files)")
+
+    def score(self, images: torch.Tensor, records: list[PromptRecord]) -> SuiteReport:
+        from .geneval_score import summarize
+
+        self.check_records(records)
         results = self.scorer(images, [r.meta for r in records])
         tags = [r.tag or "untagged" for r in records]
         scores, counts = summarize(tags, [ok for ok, _ in results])

@@ -61,11 +61,12 @@ class GenEvalScorer:
         directory = resolve(detector_spec, detector, kind="dir")
         require_files(detector_spec, directory, ["config.json", "preprocessor_config.json",
                                                  ("tokenizer.json", "vocab.txt")])
+        # both directories checked before either model loads (the detector takes minutes)
+        clip_dir = resolve(CLIP_SPEC, clip, kind="dir")
+        require_files(CLIP_SPEC, clip_dir, ["config.json", "preprocessor_config.json", ("tokenizer.json", "vocab.json")])
         # every word of a class name counts ("hot dog": hot and dog), as the class is one query
         self.detector = GroundingDinoReward(path=str(directory), box_threshold=box_threshold, phrase_tokens="all",
                                             device=str(self.device), dtype=self.dtype)
-        clip_dir = resolve(CLIP_SPEC, clip, kind="dir")
-        require_files(CLIP_SPEC, clip_dir, ["config.json", "preprocessor_config.json", ("tokenizer.json", "vocab.json")])
         self.clip = HFClip(CLIP_SPEC, clip_dir, None, self.device, self.dtype)
         self.box_threshold, self.nms_iou, self.margin = box_threshold, nms_iou, margin
         self._color_texts: dict[str, torch.Tensor] = {}

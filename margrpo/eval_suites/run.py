@@ -66,9 +66,17 @@ def suite_records(suite, args: argparse.Namespace, run):
 
 def run_suite(trainer, args: argparse.Namespace) -> SuiteReport:
     """Build the suite, generate its images with the trainer's policy, score, print and write the report."""
-    from margrpo.train.evaluate import generate_images
+    from margrpo.train.evaluate import check_prompts_known, generate_images
 
     run = trainer.config.run
+    records = None
+    if args.prompts:  # a prompt file is checked before any scorer loads (a detector takes minutes)
+        records = suite_records(None, args, run)
+        try:
+            SUITES[args.suite].check_records(records)
+        except ValueError as err:
+            raise ConfigError(f"--prompts: {err}") from err
+        check_prompts_known(trainer.policy, [r.prompt for r in records], "--prompts")
     # every suite option given on the command line; build_suite refuses one the suite does not take
     options = {k: getattr(args, k, None) for k in SUITE_OPTIONS}
     options = {k: v for k, v in options.items() if v is not None}
@@ -78,12 +86,14 @@ def run_suite(trainer, args: argparse.Namespace) -> SuiteReport:
         suite = build_suite(args.suite, **options)
     except (ValueError, FileNotFoundError) as err:  # a bad option, a missing prompt or weights file: named
         raise ConfigError(f"--suite {args.suite}: {err}") from err
-    records = suite_records(suite, args, run)
+    if records is None:
+        records = suite_records(suite, args, run)
+        check_prompts_known(trainer.policy, [r.prompt for r in records], f"--suite {args.suite}")
     samples = run.eval_samples_per_prompt if args.samples_per_prompt is None else args.samples_per_prompt
     if samples < 1:
         raise ConfigError(f"--samples-per-prompt: got {samples}, expected an integer >= 1")
     trainer.policy.eval()
-    with trainer.ema.swapped_in() if run.eval_ema else contextlib.nullcontext():
+    with trainer.ema.swapped_in() if run.eval_ema and trainer.ema is not None else contextlib.nullcontext():
         _, images = generate_images(trainer.policy, trainer.sampler, trainer.config.rollout,
                                     [r.prompt for r in records], samples, run.eval_seed)
     report = suite.score(images, [r for r in records for _ in range(samples)])

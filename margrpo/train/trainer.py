@@ -99,9 +99,10 @@ class _EMA:
 
 
 class Trainer:
-    def __init__(self, config: TrainerConfig, create_run_dir: bool = True, policy=None):
+    def __init__(self, config: TrainerConfig, create_run_dir: bool = True, policy=None, evaluation_only: bool = False):
         """policy: a backbone already in memory (e.g. a random-init benchmark model) instead of the one
-        config.backbone loads."""
+        config.backbone loads. evaluation_only (margrpo eval): run.train_prompts is neither read nor
+        checked; the held-out prompts stand in for them."""
         self.config = config
         run = config.run
         if run.threads:
@@ -130,8 +131,9 @@ class Trainer:
             reduce_gradients=(lambda module: None) if self.sharded else dist_utils.average_gradients,
         )
         self.reward = self._build_reward()
-        (self.train_prompts, self.train_metadata), (self.eval_prompts, self.eval_metadata) = self._load_prompts()
-        self._check_metadata()
+        (self.train_prompts, self.train_metadata), (self.eval_prompts, self.eval_metadata) = \
+            self._load_prompts(evaluation_only)
+        self._check_metadata(evaluation_only)
         self.flat_steps = {term.name: 0 for term in self.reward.terms}  # steps in a row without within-group variance
         self.prompt_groups = self._prompt_groups()
         self.optimizer, self.scheduler = self._build_optimizer()
@@ -218,9 +220,10 @@ class Trainer:
         except (KeyError, TypeError, ValueError) as err:  # an unknown reward or option: a config error
             raise ConfigError(f"rewards: {err.args[0] if isinstance(err, KeyError) else err}") from err
 
-    def _load_prompts(self):
+    def _load_prompts(self, evaluation_only: bool = False):
         """((train prompts, their metadata), (held-out prompts, their metadata)); metadata None when
-        the prompts carry none (plain-text files, the ShapesWorld splits)."""
+        the prompts carry none (plain-text files, the ShapesWorld splits). evaluation_only: the held-out
+        ones twice."""
         from margrpo.prompt_files import PromptFileError, prompts_and_metadata, read_prompt_records
         from margrpo.testbed.splits import balanced_prompts, load_prompts
 
@@ -237,18 +240,21 @@ class Trainer:
                 raise ConfigError(f"run.{key}: {path} holds no prompt (expected one per non-empty line)")
             return prompts_and_metadata(records)
 
-        train = read("train_prompts", run.train_prompts) if run.train_prompts else (load_prompts("train"), None)
         heldout = (read("eval_prompts", run.eval_prompts) if run.eval_prompts
                    else (balanced_prompts("heldout", run.eval_per_category), None))
+        if evaluation_only:
+            return heldout, heldout
+        train = read("train_prompts", run.train_prompts) if run.train_prompts else (load_prompts("train"), None)
         return train, heldout
 
-    def _check_metadata(self) -> None:
-        """A reward that scores from per-prompt metadata needs prompts that carry it: said before any work."""
+    def _check_metadata(self, evaluation_only: bool = False) -> None:
+        """A reward that scores from per-prompt metadata needs prompts that carry it: said before any work
+        (evaluation_only: the held-out prompts only)."""
         needing = [t.name for t in self.reward.terms if getattr(t.reward, "needs_metadata", False)]
         if not needing:
             return
         # the held-out evaluation scores with the rewards unless the ShapesWorld verifier does it
-        files = [("train_prompts", self.train_metadata)]
+        files = [] if evaluation_only else [("train_prompts", self.train_metadata)]
         if "shapes" not in self.config.rewards:
             files.append(("eval_prompts", self.eval_metadata))
         for key, metadata in files:
