@@ -213,8 +213,11 @@ def test_first_update_is_on_policy_under_every_numerics(tmp_path, numerics):
 # ---------------------------------------------------------------- the frozen head and the KL reference
 def test_a_frozen_head_gets_no_gradient_and_stays_out_of_the_clip_norm(tmp_path, tiny_checkpoint):
     """grpo.head: frozen (the default): gradients flow through the head into z, but the head's own
-    parameters get none, so the clipped (and reported) norm is the body's alone."""
+    parameters get none, so the clipped (and reported) norm is the body's alone; nor are they part
+    of the run's trainable state (what checkpoints, the EMA and reference refreshes hold)."""
     trainer = make(tmp_path, tiny_checkpoint, "grpo.kl_beta=0.1", "optim.grad_clip=1e9")
+    state = trainer.trainable_state()
+    assert state and not [n for n in state if n.startswith("head.")]  # update() freezes the head only while it runs
     seen = capture_optimizer_steps(trainer)
     head = {n: p.detach().clone() for n, p in trainer.policy.named_parameters() if n.startswith("head.")}
     metrics = trainer.train_step()
