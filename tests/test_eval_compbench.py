@@ -195,6 +195,44 @@ def test_rule_parser_reads_the_templated_prompts():
     assert not parser.official
 
 
+class FakeDoc(list):
+    """What SpacyParser reads of a spaCy Doc: tokens with .text and .pos_, spans with .text, noun_chunks."""
+
+    def __init__(self, tagged: str, chunks: list[str]):
+        super().__init__(type("Token", (), {"text": w.split("/")[0], "pos_": w.split("/")[1]})() for w in tagged.split())
+        self.noun_chunks = [type("Span", (), {"text": c})() for c in chunks]
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return type("Span", (), {"text": " ".join(t.text for t in list.__getitem__(self, index))})()
+        return list.__getitem__(self, index)
+
+
+def test_spacy_reading_with_a_tagged_doc():
+    """The benchmark's spaCy reading, on hand-tagged docs (spaCy itself need not be installed)."""
+    from margrpo.eval_suites.compbench_text import SpacyParser
+
+    docs = {
+        "The red hat was on top of the coat rack": FakeDoc(
+            "The/DET red/ADJ hat/NOUN was/AUX on/ADP top/NOUN of/ADP the/DET coat/NOUN rack/NOUN",
+            ["The red hat", "top", "the coat rack"]),
+        "a table on the right of a man": FakeDoc("a/DET table/NOUN on/ADP the/DET right/NOUN of/ADP a/DET man/NOUN",
+                                                 ["a table", "the right", "a man"]),
+        "Paris near the sea": FakeDoc("Paris/PROPN near/ADP the/DET sea/NOUN", ["Paris", "the sea"]),
+        "a cat near a dog near a cow": FakeDoc("a/DET cat/NOUN near/ADP a/DET dog/NOUN near/ADP a/DET cow/NOUN", []),
+    }
+    parser = SpacyParser.__new__(SpacyParser)
+    parser.nlp = docs.__getitem__
+    assert parser.noun_phrases("The red hat was on top of the coat rack") == ["The red hat", "the coat rack"]
+    assert parser.noun_phrases("a table on the right of a man") == ["a table", "a man"]  # "the right" left out
+    assert parser.spatial_pair("a table on the right of a man") == ("table", "man")
+    # the nouns next to the relation phrase: the nearest before, the first after ("coat", not "rack")
+    assert parser.complex_pair("The red hat was on top of the coat rack") == ("hat", "coat")
+    assert parser.complex_pair("Paris near the sea") == ("Paris", "sea")
+    assert parser.complex_pair("a cat near a dog near a cow") is None  # two relations: four objects, not a pair
+    assert parser.without_adjectives("The red hat was on top of the coat rack") == "The hat was on top of the coat rack"
+
+
 def test_parser_choice():
     assert isinstance(build_parser("rules"), RuleParser)
     try:
