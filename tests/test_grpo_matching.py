@@ -197,10 +197,12 @@ def test_kl_is_zero_against_itself_and_grows_with_the_gap(tiny):
     model, sampler = tiny
     rollout = _rollout(model, sampler)
     values = matching_values(model, rollout, draw_matching(rollout, 2))
-    assert torch.equal(matching_kl(values.prediction, values.prediction), torch.zeros(4, 9, dtype=F64))
+    active = values.active
+    assert torch.equal(matching_kl(values.prediction, values.prediction, active), torch.zeros(4, 9, dtype=F64))
     shifted = values.prediction + 0.1
     C = values.prediction.shape[-1]
-    torch.testing.assert_close(matching_kl(values.prediction, shifted), torch.full((4, 9), 0.5 * 0.01 * C, dtype=F64))
+    torch.testing.assert_close(matching_kl(values.prediction, shifted, active),
+                               torch.full((4, 9), 0.5 * 0.01 * C, dtype=F64))
 
 
 def test_update_with_kl_runs_and_reports_it(tiny):
@@ -236,7 +238,7 @@ def test_post_step_known_mask_is_refused(tiny):
 @pytest.mark.parametrize("overrides, message", [
     (["grpo.estimator=matching", "rollout.known_mask=post_step", "rollout.likelihood_positions=unknown"],
      "known_mask: pre_step"),
-    (["grpo.estimator=matching", "grpo.mte=true", "rollout.num_seeds=2"], "grpo.mte: false"),
+    (["grpo.estimator=matching", "grpo.pixels_per_token=4"], "pixels_per_token: 1"),
     (["grpo.estimator=matching", "grpo.kl_type=k3_logp"], "kl_type: gaussian"),
     (["grpo.matching_draws=0"], "grpo.matching_draws"),
 ])
@@ -299,3 +301,46 @@ def test_commit_chains_refuse_the_post_step_mask():
     with pytest.raises(ValueError, match="seed_chains"):
         RolloutConfig(num_mask_steps=5, schedule="harmon", num_seeds=2, record_mask_steps=2,
                       likelihood_positions="unknown", known_mask="post_step", seed_chains="commit")
+
+
+# ---------------------------------------------------------------- matching + MTE: more draws on uncertain tokens
+def test_active_draws_score_like_a_uniform_subset(tiny):
+    """A token's score over its active draws equals the uniform score of exactly those draws."""
+    from margrpo.grpo.matching import MatchingDraws
+
+    model, sampler = tiny
+    rollout = _rollout(model, sampler)
+    draws = draw_matching(rollout, 5)
+    gen = torch.Generator().manual_seed(0)
+    active = [torch.rand(t.shape, generator=gen) < 0.6 for t in draws.times]
+    for a in active:
+        a[0] = True  # every token keeps at least one draw
+    got = matching_score(matching_values(model, rollout, draws.with_active(active)))
+    full = matching_values(model, rollout, draws)
+    error = -0.5 * (full.prediction - full.target).pow(2).sum(-1)  # [D, B, L]
+    mask = torch.cat(active, 2).double()
+    expected = (error * mask).sum(0) / mask.sum(0)
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
+    assert isinstance(draws, MatchingDraws)
+
+
+def test_draw_counts_keep_the_uniform_budget():
+    from margrpo.grpo.matching import draw_counts
+
+    for draws in (1, 2, 4, 8, 16):
+        for ratio in (0.1, 0.3, 0.5, 1.0):
+            base, extra = draw_counts(draws, ratio)
+            assert base >= 1 and extra >= 0
+            assert base + ratio * extra <= draws + 1e-9  # never more than the uniform budget
+            assert draws - (base + ratio * extra) < max(ratio, 1.0 - 1e-9) + 1e-9  # and at most one draw short
+
+
+def test_mte_gives_uncertain_tokens_more_draws_in_the_update(tiny):
+    model, sampler = tiny
+    policy = copy.deepcopy(model)
+    rollout = _seeded(policy, sampler, cfg_scale=1.0)  # 2 seed chains: the uncertainty
+    optimizer = torch.optim.SGD([p for p in policy.parameters() if p.requires_grad], lr=0.0)
+    result = update(policy, None, rollout, torch.tensor([1.0, -1.0, 0.5, -0.5], dtype=F64),
+                    _config(mte=True, mte_ratio=0.3, matching_draws=4), optimizer)
+    assert 0.0 < result.metrics["mte_fraction"] < 1.0
+    assert abs(result.metrics["ratio_max"] - 1.0) < 1e-12

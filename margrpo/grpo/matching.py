@@ -39,15 +39,18 @@ from margrpo.rollout import Rollout
 from margrpo.rollout.guidance import forward_rows, guidance_for, head_condition, prompt_rows
 
 from .objective import ChunkLoss, grouped_token_weights
+from .selection import mte_mask
 
 
 @dataclass
 class MatchingDraws:
     """Per recorded mask step j: times[j] [D, B, n_j] (training timesteps: integers for DDPM, sigmas
-    in [0, 1] for flow heads) and noise[j] [D, B, n_j, C]."""
+    in [0, 1] for flow heads), noise[j] [D, B, n_j, C], and active[j] bool [D, B, n_j]: the draws a
+    token uses (None: all D; the multi-trajectory expectation gives uncertain tokens more)."""
 
     times: list[torch.Tensor]
     noise: list[torch.Tensor]
+    active: list[torch.Tensor] | None = None
 
     @property
     def num_draws(self) -> int:
@@ -56,8 +59,14 @@ class MatchingDraws:
     def select(self, images: Sequence[int]) -> MatchingDraws:
         """The draws of some images (a chunk of the update)."""
         rows = torch.tensor(list(images), dtype=torch.long)
-        return MatchingDraws([t.index_select(1, rows.to(t.device)) for t in self.times],
-                             [e.index_select(1, rows.to(e.device)) for e in self.noise])
+
+        def pick(values):
+            return [v.index_select(1, rows.to(v.device)) for v in values]
+
+        return MatchingDraws(pick(self.times), pick(self.noise), None if self.active is None else pick(self.active))
+
+    def with_active(self, active: list[torch.Tensor]) -> MatchingDraws:
+        return MatchingDraws(self.times, self.noise, active)
 
 
 def train_times(sampler, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
@@ -108,10 +117,11 @@ def committed_columns(rollout: Rollout, steps: Sequence[int] | None) -> torch.Te
 @dataclass
 class MatchingValues:
     """For the committed tokens of the requested steps, [D, b, l, C]: the head's (guided) prediction
-    (with gradient to z) and its regression target."""
+    (with gradient to z; 0 on inactive draws) and its regression target; active bool [D, b, l]."""
 
     prediction: torch.Tensor
     target: torch.Tensor
+    active: torch.Tensor
 
 
 def matching_values(model, rollout: Rollout, draws: MatchingDraws, *, cfg: str = "rollout",
@@ -130,7 +140,7 @@ def matching_values(model, rollout: Rollout, draws: MatchingDraws, *, cfg: str =
     rows = prompt_rows(model, rollout.prompts, rollout.config, guided=guided)
     B, C, D = rollout.batch_size, rollout.tokens.shape[-1], draws.num_draws
     sampler, head = rollout.sampler, model.head
-    predictions, targets = [], []
+    predictions, targets, actives = [], [], []
     for j in steps:
         n = rollout.step_revealed(j)
         positions = rollout.order[:, rollout.step_start(j): rollout.step_start(j) + n]  # committed at step j
@@ -138,19 +148,32 @@ def matching_values(model, rollout: Rollout, draws: MatchingDraws, *, cfg: str =
         z = head_condition(forward_rows(model, rows, canvas, known, rollout.known_count(j)), rows, positions)
         x0 = rollout.tokens.gather(1, positions[..., None].expand(-1, -1, C)).reshape(B * n, C)
         t, noise = draws.times[j].reshape(D, B * n), draws.noise[j].reshape(D, B * n, C)
-        x_t = sampler.add_noise(x0.expand(D, -1, -1), noise, t)
-        model_t = sampler.train_model_time(t)
+        target = sampler.training_target(x0.expand(D, -1, -1), noise, t)
         cond = head.embed_condition(z if not guided else z.reshape(2, B * n, -1))
-        if guided:
-            model_t = model_t[:, None]  # [D, 1, B*n]: broadcast over the cond / uncond halves
         guidance = guidance_for(rollout.config, rollout.cfg_scales[j], guided=guided)
-        out = guided_output(head, head.modulation(cond, model_t), x_t, guidance)[..., :C]
-        predictions.append(out.to(x0.dtype).reshape(D, B, n, C))
-        targets.append(sampler.training_target(x0.expand(D, -1, -1), noise, t).reshape(D, B, n, C))
+        if draws.active is None:  # every draw of every token: one broadcast head call
+            model_t = sampler.train_model_time(t)
+            x_t = sampler.add_noise(x0.expand(D, -1, -1), noise, t)
+            if guided:
+                model_t = model_t[:, None]  # [D, 1, B*n]: broadcast over the cond / uncond halves
+            out = guided_output(head, head.modulation(cond, model_t), x_t, guidance)[..., :C].to(x0.dtype)
+            active = torch.ones(D, B, n, dtype=torch.bool, device=x0.device)
+        else:  # only the active (draw, token) pairs, as rows
+            active = draws.active[j]
+            draw, token = active.reshape(D, B * n).nonzero(as_tuple=True)
+            rows_t = t[draw, token]
+            x_t = sampler.add_noise(x0[token], noise[draw, token], rows_t)
+            model_t = sampler.train_model_time(rows_t)
+            cond_rows = cond[..., token, :]
+            active_out = guided_output(head, head.modulation(cond_rows, model_t), x_t, guidance)[..., :C]
+            out = x0.new_zeros(D, B * n, C).index_put((draw, token), active_out.to(x0.dtype))
+        predictions.append(out.reshape(D, B, n, C))
+        targets.append(target.reshape(D, B, n, C))
+        actives.append(active)
     if not predictions:
         empty = rollout.tokens.new_zeros(D, B, 0, C)
-        return MatchingValues(empty, empty)
-    return MatchingValues(torch.cat(predictions, 2), torch.cat(targets, 2))
+        return MatchingValues(empty, empty, torch.zeros(D, B, 0, dtype=torch.bool, device=empty.device))
+    return MatchingValues(torch.cat(predictions, 2), torch.cat(targets, 2), torch.cat(actives, 2))
 
 
 def _acc(values: torch.Tensor) -> torch.Tensor:
@@ -162,16 +185,31 @@ def _reduce_channels(values: torch.Tensor, channel_reduction: str) -> torch.Tens
     return values.sum(-1) if channel_reduction == "sum" else values.mean(-1)
 
 
+def _mean_over_active(values: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+    """[D, b, l] -> [b, l]: the mean over each token's active draws."""
+    weights = active.to(values.dtype)
+    return (values * weights).sum(0) / weights.sum(0).clamp_min(1.0)
+
+
 def matching_score(values: MatchingValues, channel_reduction: str = "sum") -> torch.Tensor:
-    """s = -1/2 mean_d reduce_c (prediction - target)^2 per token: [D, b, l, C] -> [b, l]."""
+    """s = -1/2 mean_d reduce_c (prediction - target)^2 over each token's active draws: -> [b, l]."""
     error = (_acc(values.prediction) - _acc(values.target)).pow(2)
-    return -0.5 * _reduce_channels(error, channel_reduction).mean(0)
+    return -0.5 * _mean_over_active(_reduce_channels(error, channel_reduction), values.active)
 
 
-def matching_kl(prediction: torch.Tensor, ref_prediction: torch.Tensor, channel_reduction: str = "sum") -> torch.Tensor:
-    """KL(N(f, I) || N(f_ref, I)) averaged over the draws, per token: [D, b, l, C] -> [b, l]."""
+def matching_kl(prediction: torch.Tensor, ref_prediction: torch.Tensor, active: torch.Tensor,
+                channel_reduction: str = "sum") -> torch.Tensor:
+    """KL(N(f, I) || N(f_ref, I)) averaged over each token's active draws: [D, b, l, C] -> [b, l]."""
     diff = (_acc(prediction) - _acc(ref_prediction)).pow(2)
-    return 0.5 * _reduce_channels(diff, channel_reduction).mean(0)
+    return 0.5 * _mean_over_active(_reduce_channels(diff, channel_reduction), active)
+
+
+def draw_counts(num_draws: int, mte_ratio: float) -> tuple[int, int]:
+    """(draws of every token, extra draws of an uncertain one) under the multi-trajectory expectation,
+    at the cost of num_draws per token when a share mte_ratio of the tokens is uncertain: half the
+    draws (at least 1) for every token, the rest of the budget spread over the uncertain ones."""
+    base = max(1, num_draws // 2)
+    return base, int((num_draws - base) / mte_ratio)
 
 
 @dataclass
@@ -186,6 +224,7 @@ class MatchingUpdate:
     kl_weights: torch.Tensor
     old_score: torch.Tensor | None
     ref_prediction: torch.Tensor | None
+    uncertain: torch.Tensor | None = None  # bool [B, L_m]: the tokens given more draws (MTE), else None
 
 
 def prepare_matching(policy, reference_context, rollout: Rollout, config, batches, samples, scoring) -> MatchingUpdate:
@@ -194,7 +233,22 @@ def prepare_matching(policy, reference_context, rollout: Rollout, config, batche
     predictions (reference_context: yields the reference model, None without a KL term) of one update;
     leaves the policy in training mode. `scoring(model, rollout, draws, steps)` evaluates
     matching_values as the update does (autocast, guidance)."""
-    draws = draw_matching(rollout, config.matching_draws)
+    uncertain_scored = None
+    if config.mte:  # more draws for the most uncertain tokens, at the uniform budget's cost
+        base, extra = draw_counts(config.matching_draws, config.mte_ratio)
+        draws = draw_matching(rollout, base + extra)
+        uncertain = mte_mask(rollout.seed_tokens, config.mte_ratio, k_rule=config.mte_k,
+                             random_positions=config.mte_random_positions)[..., 0]  # [B, N]
+        active, picked = [], []
+        for j in range(rollout.plan.num_mask_steps):
+            start = rollout.step_start(j)
+            picked.append(uncertain.gather(1, rollout.order[:, start:start + rollout.step_revealed(j)]))  # [B, n_j]
+            every = torch.ones(base, *picked[-1].shape, dtype=torch.bool, device=uncertain.device)
+            active.append(torch.cat([every, picked[-1][None].expand(extra, -1, -1)]))
+        draws = draws.with_active(active)
+        uncertain_scored = torch.cat(picked, 1)
+    else:
+        draws = draw_matching(rollout, config.matching_draws)
     keep = torch.ones(rollout.batch_size, sum(rollout.step_revealed(j) for j in range(rollout.plan.num_mask_steps)),
                       dtype=torch.bool, device=rollout.tokens.device)
     if samples is not None:
@@ -218,7 +272,7 @@ def prepare_matching(policy, reference_context, rollout: Rollout, config, batche
         with torch.no_grad(), reference_context as model:
             model.train(policy.training)
             ref = scoring(model, rollout, draws, None).prediction.detach()
-    return MatchingUpdate(draws, weights, kl_weights, old, ref)
+    return MatchingUpdate(draws, weights, kl_weights, old, ref, uncertain_scored)
 
 
 def _put(values: torch.Tensor, images: Sequence[int], cols, part: torch.Tensor) -> None:
@@ -252,7 +306,7 @@ def matching_chunk_loss(policy, rollout: Rollout, prepared: MatchingUpdate, adva
     kl = score.new_zeros(())
     if prepared.ref_prediction is not None:
         ref = _take(prepared.ref_prediction, images, cols, axis=1)
-        kl = (matching_kl(values.prediction, ref, config.channel_reduction)
+        kl = (matching_kl(values.prediction, ref, values.active, config.channel_reduction)
               * _take(prepared.kl_weights, images, cols)).sum()
     beta = config.kl_beta if prepared.ref_prediction is not None else 0.0
     return ChunkLoss(out.loss + beta * kl, out.loss.detach(), kl.detach(), out.clip_fraction.detach(),

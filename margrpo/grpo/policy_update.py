@@ -255,7 +255,7 @@ def _matching_losses(policy, reference_context, rollout: Rollout, advantages, co
     def loss_of(images, steps):
         return matching_chunk_loss(policy, rollout, prepared, advantages, images, steps, config, scoring)
 
-    return loss_of, prepared.weights.gt(0).float().mean().item(), None
+    return loss_of, prepared.weights.gt(0).float().mean().item(), prepared.uncertain
 
 
 @honours_frozen_head  # grpo.head: frozen holds whatever the caller set on the head

@@ -7,6 +7,11 @@ paper's numbers: section 6):
   mte           + multi-trajectory expectation on the top-k% most uncertain tokens
   full          + consistency-aware token selection (likelihood over every unknown position)
   preset        the config exactly as written (the main job's distribution over seeds)
+and, on request (--rungs): mte_unknown (MTE over every still-unknown position, step-drawn chains) and
+reference_mte (the same with the reference code's commit-time chains, rollout.seed_chains: commit).
+The estimator is a config key: `grpo.estimator=matching` runs the ladder under the matching estimator
+(its MTE gives the uncertain tokens more draws; consistency keeps every committed token, so its rung
+equals the frozen head's there).
 Every (rung, seed) run writes OUT/RUNG/seedN/summary.json when it finishes; a run whose summary exists
 is not run again, so an interrupted ablation resumes, and runs may be spread over several processes
 (`--seeds 0` in one, `--seeds 1` in another) and summarised by a last call (`--summarize`). The
@@ -26,8 +31,16 @@ LADDER: dict[str, list[str]] = {
     "frozen_head": ["grpo.head=frozen", "grpo.mte=false", "grpo.consistency=false", "rollout.likelihood_positions=revealed"],
     "mte": ["grpo.head=frozen", "grpo.mte=true", "rollout.num_seeds=3", "grpo.consistency=false", "rollout.likelihood_positions=revealed"],
     "full": ["grpo.head=frozen", "grpo.mte=true", "rollout.num_seeds=3", "grpo.consistency=true", "rollout.likelihood_positions=unknown"],
+    # not in the default ladder: the reference code's MTE as it runs (seed chains drawn under each
+    # token's commit-time z, scored at every still-unknown position), and the same positions with
+    # the step-drawn (zero-mean) chains, so the two differ only in where the chains come from
+    "mte_unknown": ["grpo.head=frozen", "grpo.mte=true", "rollout.num_seeds=3", "grpo.consistency=false",
+                    "rollout.likelihood_positions=unknown", "rollout.seed_chains=step"],
+    "reference_mte": ["grpo.head=frozen", "grpo.mte=true", "rollout.num_seeds=3", "grpo.consistency=false",
+                      "rollout.likelihood_positions=unknown", "rollout.seed_chains=commit"],
     "preset": [],
 }
+DEFAULT_RUNGS = ["grpo", "frozen_head", "mte", "full"]
 OVERALL = "heldout/overall"
 # two-sided 95% quantiles of Student's t for 1..30 degrees of freedom (normal beyond)
 _T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
@@ -115,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    parser.add_argument("--rungs", nargs="+", default=[r for r in LADDER if r != "preset"], choices=list(LADDER))
+    parser.add_argument("--rungs", nargs="+", default=DEFAULT_RUNGS, choices=list(LADDER))
     parser.add_argument("--out", default="runs/ablation")
     parser.add_argument("--summarize", action="store_true",
                         help="run nothing: tabulate the finished runs found under --out")

@@ -134,10 +134,40 @@ def _reward_entry(entry) -> bool:
     return finite(entry)
 
 
+def reward_weight(entry) -> float:
+    """The weight of a `rewards` entry (a mapping without one weighs 1, as build_rewards reads it)."""
+    return float(entry.get("weight", 1.0)) if isinstance(entry, dict) else float(entry)
+
+
+def _path(value) -> bool:
+    return isinstance(value, str) and bool(value.strip())
+
+
+def reward_weight_notes(rewards: dict) -> list[str]:
+    """What the weights of a valid `rewards` mapping do that may surprise (accepted by design; the
+    trainer prints these when it starts): a term of weight 0 is scored and logged but not trained on,
+    and weights summing to 0 make the total a difference of rewards."""
+    weights = {name: reward_weight(entry) for name, entry in rewards.items()}
+    notes = [f"rewards.{name}: weight 0: scored and logged, but it does not enter the training reward"
+             for name, w in weights.items() if w == 0 and any(weights.values())]
+    if any(weights.values()) and sum(weights.values()) == 0:
+        notes.append("rewards: the weights sum to 0, so the total is a difference of rewards (its advantages are "
+                     "normalised per group; with grpo.advantage no_std their scale is the terms' own)")
+    return notes
+
+
+# beyond this the advantages (reward differences / (std + eps)) shrink towards 0 for any reward of unit scale
+MAX_ADVANTAGE_EPS = 1.0
+
+
 RULES = (
     # backbone (name: a registered backbone, checked by BackboneConfig)
+    Rule("backbone.checkpoint", lambda v, c: _path(v), "a non-empty path or builtin:NAME"),
     Rule("backbone.diffusion_steps", _optional_integer(1), "null (the model's default) or an integer >= 1"),
     # rollout: the keys the trainer ties to others (the rest: margrpo.rollout.config.RULES)
+    Rule("rollout.cfg_scale", lambda v, c: v > 0,
+         "> 0 in a trainer config (0 samples unconditionally: the rollout and its likelihood ignore the prompt, so "
+         "the update cannot teach the model to follow it)"),
     Rule("rollout.num_diffusion_steps", lambda v, c: v is None or v == c.backbone.diffusion_steps,
          "null or backbone.diffusion_steps (the trainer samples with backbone.diffusion_steps: set that)"),
     Rule("rollout.record_mask_steps", lambda v, c: v <= c.rollout.num_mask_steps,
@@ -150,7 +180,9 @@ RULES = (
     Rule("grpo.group_size", lambda v, c: c.grpo.group_noise != "antithetic" or v % 2 == 0,
          "an even integer with grpo.group_noise: antithetic (samples pair up)"),
     Rule("grpo.prompts_per_step", _at_least(1), "an integer >= 1"),
-    Rule("grpo.advantage_eps", lambda v, c: finite(v) and v > 0, "a finite number > 0 (added to the std)"),
+    Rule("grpo.advantage_eps", lambda v, c: finite(v) and 0 < v <= MAX_ADVANTAGE_EPS,
+         f"a number in (0, {MAX_ADVANTAGE_EPS:g}] (added to the std; a larger one shrinks every advantage towards 0: "
+         "grpo.advantage no_std drops the std instead)"),
     Rule("grpo.clip_eps", lambda v, c: finite(v) and v > 0, "a finite number > 0"),
     Rule("grpo.clip_eps_high", lambda v, c: v is None or (finite(v) and v > 0),
          "null (= clip_eps) or a finite number > 0"),
@@ -175,11 +207,9 @@ RULES = (
          "canvas it was sampled from)"),
     Rule("grpo.estimator", lambda v, c: v == "transition" or (c.grpo.kl_type == "gaussian"
                                                                 and c.grpo.normalization == "batch"
-                                                                and c.grpo.pixels_per_token == 1
-                                                                and not c.grpo.mte),
+                                                                and c.grpo.pixels_per_token == 1),
          "transition, or matching with grpo.kl_type: gaussian, grpo.normalization: batch, "
-         "grpo.pixels_per_token: 1 and grpo.mte: false (the matching estimator has its own KL and no "
-         "per-pixel or seed-chain terms)"),
+         "and grpo.pixels_per_token: 1 (the matching estimator has its own KL and scores whole tokens)"),
     Rule("grpo.lora.rank", _at_least(0), "an integer >= 0 (0: LoRA off)"),
     Rule("grpo.lora.rank", lambda v, c: not v or c.grpo.head == "frozen",
          "0 unless grpo.head: frozen (LoRA trains the adapters only; the reference is the base weights)"),
@@ -193,6 +223,9 @@ RULES = (
     # optim
     Rule("optim.lr", lambda v, c: finite(v) and v >= 0, "a finite number >= 0 (0: the weights do not move)"),
     Rule("optim.weight_decay", lambda v, c: finite(v) and v >= 0, "a finite number >= 0"),
+    Rule("optim.weight_decay", lambda v, c: c.optim.lr * v < 1,
+         "optim.lr * optim.weight_decay < 1 (AdamW multiplies the weights by 1 - lr * weight_decay every step: "
+         "at 1 it zeroes them, above it flips their sign)"),
     Rule("optim.betas", lambda v, c: all(0 <= b < 1 for b in v), "two numbers in [0, 1)"),
     Rule("optim.warmup_steps", _at_least(0), "an integer >= 0 (0: no warmup)"),
     Rule("optim.grad_clip", lambda v, c: v is None or v > 0, "null (no clipping) or a number > 0 (.inf: no clipping)"),
@@ -200,8 +233,14 @@ RULES = (
     Rule("rewards", lambda v, c: bool(v) and all(_reward_entry(e) for e in v.values()),
          "a non-empty mapping: reward name -> finite weight (< 0: a penalty), or -> a mapping of options "
          "with an optional finite weight"),
+    Rule("rewards", lambda v, c: any(reward_weight(e) != 0 for e in v.values()),
+         "at least one non-zero weight (with every weight 0 the total reward is 0 for every sample: no signal)"),
     # run
     Rule("run.steps", _at_least(0), "an integer >= 0"),
+    Rule("run.out_dir", lambda v, c: _path(v), "a non-empty path (empty would write into, and resume from, the "
+         "working directory; '.' says so explicitly)"),
+    Rule("run.train_prompts", lambda v, c: v is None or _path(v), "null or a non-empty path"),
+    Rule("run.eval_prompts", lambda v, c: v is None or _path(v), "null or a non-empty path"),
     Rule("run.seed", lambda v, c: _integer(v, 0, MAX_SEED - 1), "an integer in [0, 2^32)"),
     Rule("run.device", lambda v, c: _device(v), "auto (cuda when available, else cpu) or a torch device (cpu, cuda:1)"),
     Rule("run.eval_every", _at_least(0), "an integer >= 0 (0: evaluate only before and after)"),
