@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import fnmatch
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -73,3 +74,13 @@ def test_peft_and_transformers_import_from_the_checkout_root():
             "assert os.path.dirname(kernels.__file__ or '') != os.path.abspath('kernels'), kernels.__file__")
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-2000:]
+
+
+def test_the_wheel_gets_margrpo_kernels_from_the_top_level_folder(tmp_path):
+    """setup.py's build_py (what a wheel holds) copies kernels/*.py beside margrpo/kernels/__init__.py."""
+    env = {**os.environ, "MARGRPO_NO_EXTENSION": "1"}
+    subprocess.run([sys.executable, "setup.py", "-q", "build_py", "--build-lib", str(tmp_path)], cwd=ROOT, env=env,
+                   check=True, capture_output=True)
+    built = {p.name for p in (tmp_path / "margrpo" / "kernels").glob("*.py")}
+    assert built == {"__init__.py"} | {p.name for p in (ROOT / "kernels").glob("*.py")}
+    assert not (tmp_path / "kernels").exists()
