@@ -152,9 +152,13 @@ def test_update_rejects_bad_arguments_and_skips_non_finite_losses(tiny):
         update(policy, None, rollout, torch.zeros(3, dtype=F64), GRPOConfig(kl_beta=0.0), optimizer)
     with pytest.raises(ValueError, match="reference: got None with grpo.kl_beta=0.01"):
         update(policy, None, rollout, torch.zeros(4, dtype=F64), GRPOConfig(), optimizer)
-    before = [p.clone() for p in policy.trainable_parameters()]
     nan = torch.tensor([1.0, float("nan"), 0.0, 0.0], dtype=F64)
-    result = update(policy, None, rollout, nan, GRPOConfig(kl_beta=0.0), optimizer)
+    with pytest.raises(ValueError, match="advantages: got 1 non-finite values of 4"):
+        update(policy, None, rollout, nan, GRPOConfig(kl_beta=0.0), optimizer)
+    before = [p.clone() for p in policy.trainable_parameters()]
+    broken = rollout.with_update_values(old_logp=torch.full_like(rollout.logp, float("nan")))  # a NaN ratio
+    result = update(policy, None, broken, torch.tensor([1.0, -1.0, 0.5, 0.0], dtype=F64), GRPOConfig(kl_beta=0.0),
+                    optimizer)
     assert result.skipped == "loss" and result.metrics == {}
     assert all(torch.equal(a, b) for a, b in zip(before, policy.trainable_parameters()))
 
