@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from margrpo.config import ConfigFileNotFoundError
+
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_DIR = Path(__file__).resolve().parent
 
@@ -32,5 +34,5 @@ def resolve_checkpoint(path: str | Path) -> Path:
     name = str(path)[len(BUILTIN_PREFIX):]
     if name not in builtin_checkpoints():
         shipped = ", ".join(BUILTIN_PREFIX + n for n in builtin_checkpoints())
-        raise FileNotFoundError(f"checkpoint: got {str(path)!r}, expected one of the shipped checkpoints {shipped}")
+        raise ConfigFileNotFoundError(f"checkpoint: got {str(path)!r}, expected one of the shipped checkpoints {shipped}")
     return BUILTIN_DIR / name

@@ -9,12 +9,14 @@ transformers or diffusers; `register_backbone` adds one of your own.
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 
 from margrpo.checkpoints import resolve_checkpoint
+from margrpo.config import ConfigError, ConfigFileNotFoundError
 
 from .base import check_backbone
 
@@ -65,15 +67,47 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return torch.device(device)
 
 
+def check_options(name: str, loader: Loader, options: dict) -> None:
+    """Raise ConfigError naming every key of `options` the loader does not take (a loader with
+    **kwargs takes anything here; it raises TypeError itself, which load_backbone reports)."""
+    params = inspect.signature(loader).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    accepted = [n for n, p in params.items() if p.kind is not inspect.Parameter.VAR_POSITIONAL][1:]  # not the path
+    accepted = [n for n in accepted if n not in ("device", "dtype")]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise ConfigError(f"backbone.options: got unknown option(s) {', '.join(unknown)} for backbone {name!r}, "
+                          f"expected some of: {', '.join(accepted) or '(none)'}")
+
+
 def load_backbone(config: BackboneConfig, device: str | torch.device = "cpu") -> MARBackbone:
-    """The backbone `config` names, from its checkpoint, on `device` ("auto" allowed), in eval mode."""
+    """The backbone `config` names, from its checkpoint, on `device` ("auto" allowed), in eval mode.
+    What is wrong with the config (a checkpoint that is not a model directory, an option the loader
+    does not take) is a ConfigError naming the key, raised before or instead of the loading."""
     loader = backbone_loader(config.name)
-    checkpoint = resolve_checkpoint(config.checkpoint)
+    check_options(config.name, loader, config.options)
+    try:
+        checkpoint = resolve_checkpoint(config.checkpoint)
+    except FileNotFoundError as err:  # an unknown builtin:NAME
+        raise ConfigFileNotFoundError(f"backbone.{err}") from err
+    if not str(config.checkpoint).strip() or not checkpoint.is_dir():
+        raise ConfigFileNotFoundError(f"backbone.checkpoint: got {str(config.checkpoint)!r}, expected a model "
+                                      "directory or builtin:NAME (no directory there)")
     if (checkpoint / "manifest.json").is_file() or (checkpoint / "checkpoints").is_dir():
-        raise FileNotFoundError(
+        raise ConfigFileNotFoundError(
             f"backbone.checkpoint: {checkpoint} is a training run or run checkpoint (trained tensors only), not a "
             f"model directory; write the trained model out with `margrpo export {checkpoint} OUT_DIR` and use "
             "backbone.checkpoint=OUT_DIR (margrpo sample and eval take it directly as --checkpoint)")
     dtype = getattr(torch, config.dtype)
-    backbone = loader(checkpoint, device=resolve_device(device), dtype=dtype, **config.options)
+    try:
+        backbone = loader(checkpoint, device=resolve_device(device), dtype=dtype, **config.options)
+    except FileNotFoundError as err:  # a directory without the model's files (the loader names them)
+        if isinstance(err, ConfigError):
+            raise
+        raise ConfigFileNotFoundError(f"backbone.checkpoint: {err}") from err
+    except TypeError as err:
+        if "unexpected keyword argument" not in str(err):
+            raise
+        raise ConfigError(f"backbone.options: {err}") from err
     return check_backbone(backbone, f"backbone.name {config.name!r}").eval()

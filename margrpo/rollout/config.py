@@ -110,16 +110,22 @@ def _integer(value, low: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= low
 
 
+# guidance scales in use are 1-10 (MAR, NOVA, Harmon); a temperature scales every std, 1 being the model's
+MAX_CFG_SCALE = 100.0
+MAX_TEMPERATURE = 10.0
+
 # the valid values of each field (a RolloutConfig may be built directly, so the types are checked too)
 RULES = (
     Rule("num_mask_steps", lambda v, c: _integer(v, 1), "an integer >= 1"),
     Rule("schedule", lambda v, c: v in SCHEDULES, f"one of {', '.join(SCHEDULES)}"),
     Rule("num_diffusion_steps", lambda v, c: v is None or _integer(v, 1), "null (the model's default) or an integer >= 1"),
-    Rule("cfg_scale", lambda v, c: finite(v) and v >= 0, "a finite number >= 0 (1: no guidance; 0: unconditional)"),
+    Rule("cfg_scale", lambda v, c: finite(v) and 0 <= v <= MAX_CFG_SCALE,
+         f"a number in [0, {MAX_CFG_SCALE:g}] (1: no guidance; 0: unconditional; larger scales saturate every image)"),
     Rule("cfg_schedule", lambda v, c: v in ("constant", "linear"), "'constant' or 'linear'"),
     Rule("cfg_channels", lambda v, c: v in ("all", "eps"), "'all' or 'eps'"),
     Rule("negative_prompt", lambda v, c: v is None or isinstance(v, str), "null (the backbone's) or a string"),
-    Rule("temperature", lambda v, c: finite(v) and v > 0, "a finite number > 0"),
+    Rule("temperature", lambda v, c: finite(v) and 0 < v <= MAX_TEMPERATURE,
+         f"a number in (0, {MAX_TEMPERATURE:g}] (a larger one turns every sample into noise, which overflows)"),
     Rule("num_seeds", lambda v, c: _integer(v, 0), "an integer >= 0"),
     Rule("record_mask_steps", lambda v, c: _integer(v, 0), "an integer >= 0 (0: record nothing)"),
     Rule("record_diffusion_steps", lambda v, c: _integer(v, 1), "an integer >= 1"),

@@ -32,7 +32,7 @@ from margrpo.rollout import choose_plan, generate, mask_schedule, mirror_pairs, 
 from . import checkpoint as ckpt
 from . import distributed as dist_utils
 from . import lora as lora_utils
-from .config import ConfigError, TrainerConfig, load_config
+from .config import ConfigError, TrainerConfig, load_config, reward_weight_notes
 from .evaluate import generate_images, verifier_summary
 from .metrics import MetricsLogger, plot_curves
 
@@ -114,7 +114,10 @@ class Trainer:
         self.is_main = self.rank == 0
 
         self.policy = load_backbone(config.backbone, self.device) if policy is None else check_backbone(policy, "policy")
-        self.sampler = self.policy.make_sampler(config.backbone.diffusion_steps)
+        try:
+            self.sampler = self.policy.make_sampler(config.backbone.diffusion_steps)
+        except ValueError as err:  # more steps than the model's chain has: known only with the model
+            raise ConfigError(f"backbone.diffusion_steps: {err}") from err
         self._check_recordable()
         self._configure_trainable()
         self.reference = None  # a frozen copy of the starting policy, when the KL needs one
@@ -137,7 +140,7 @@ class Trainer:
         self.flat_steps = {term.name: 0 for term in self.reward.terms}  # steps in a row without within-group variance
         self.prompt_groups = self._prompt_groups()
         self.optimizer, self.scheduler = self._build_optimizer()
-        self.tracker = adv_mod.PromptTracker() if config.grpo.advantage == "tracker" else None
+        self.tracker = adv_mod.PromptTracker(eps=config.grpo.advantage_eps) if config.grpo.advantage == "tracker" else None
         self.step = 0
         self.bad_steps = 0
         self.skipped_total = 0
@@ -207,6 +210,10 @@ class Trainer:
     def _check_recordable(self) -> None:
         """The recorded steps must exist in this model's schedule and sampler: known only now, with
         the model loaded, and checked before any work."""
+        steps, tokens = self.config.rollout.num_mask_steps, self.policy.num_tokens
+        if steps > tokens:  # before the schedule, whose cost grows with the steps whatever the tokens
+            raise ConfigError(f"rollout.num_mask_steps: got {steps}, expected at most the model's {tokens} tokens "
+                              "(a step beyond them reveals nothing)")
         try:
             self._plan(0)
         except ValueError as err:  # choose_plan names the rollout key
@@ -215,6 +222,9 @@ class Trainer:
     def _build_reward(self):
         from margrpo.rewards import build_rewards
 
+        if self.is_main:
+            for note in reward_weight_notes(self.config.rewards):
+                print(f"[margrpo] warning: {note}", file=sys.stderr)
         try:
             return build_rewards(self.config.rewards)
         except (KeyError, TypeError, ValueError) as err:  # an unknown reward or option: a config error
