@@ -33,8 +33,8 @@ def _step(head_trainable: bool, head: str = "frozen"):
     body = [p for name, p in model.named_parameters() if not name.startswith("head.")]
     optimizer = torch.optim.SGD(body, lr=0.1)
     # a tight clip: every gradient norm is above it, so what the norm counts sets the step's size
-    result = update(model, None, rollout, advantages, GRPOConfig(group_size=2, kl_beta=0.0, head=head), optimizer,
-                    grad_clip=1e-4)
+    result = update(model, None, rollout, advantages, config=GRPOConfig(group_size=2, kl_beta=0.0, head=head),
+                    optimizer=optimizer, grad_clip=1e-4)  # by keyword: the frozen head is read either way
     return model, result
 
 

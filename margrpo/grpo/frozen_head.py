@@ -10,6 +10,7 @@ get their requires_grad flags and gradients back afterwards.
 from __future__ import annotations
 
 import functools
+import inspect
 
 import torch
 
@@ -23,17 +24,20 @@ def head_parameters(policy) -> list[torch.nn.Parameter]:
 def honours_frozen_head(update):
     """update(policy, reference, rollout, advantages, config, optimizer, ...) with config.head respected."""
 
+    signature = inspect.signature(update)
+
     @functools.wraps(update)
-    def wrapped(policy, reference, rollout, advantages, config, *args, **kwargs):
-        if config.head != "frozen":
-            return update(policy, reference, rollout, advantages, config, *args, **kwargs)
-        params = [p for p in head_parameters(policy) if p.requires_grad or p.grad is not None]
+    def wrapped(*args, **kwargs):
+        given = signature.bind(*args, **kwargs).arguments  # positional or keyword, as update takes them
+        if given["config"].head != "frozen":
+            return update(*args, **kwargs)
+        params = [p for p in head_parameters(given["policy"]) if p.requires_grad or p.grad is not None]
         saved = [(p, p.requires_grad, p.grad) for p in params]
         for p in params:
             p.requires_grad_(False)
             p.grad = None  # a stale gradient would count in the clip
         try:
-            return update(policy, reference, rollout, advantages, config, *args, **kwargs)
+            return update(*args, **kwargs)
         finally:
             for p, requires_grad, grad in saved:
                 p.requires_grad_(requires_grad)
