@@ -88,8 +88,8 @@ def test_a_missing_attribute_and_a_head_that_is_no_diffusion_head_are_named():
         check_backbone(model)
 
 
-def test_load_backbone_checks_what_the_loader_returns(monkeypatch):
+def test_load_backbone_checks_what_the_loader_returns(monkeypatch, tmp_path):
     monkeypatch.setattr(registry, "_LOADERS", dict(registry._LOADERS))  # the registration ends with the test
     register_backbone("test-no-decode", lambda checkpoint, **kwargs: NoDecode())
     with pytest.raises(TypeError, match="backbone.name 'test-no-decode': NoDecode does not implement"):
-        load_backbone(BackboneConfig(name="test-no-decode", checkpoint="unused"))
+        load_backbone(BackboneConfig(name="test-no-decode", checkpoint=str(tmp_path)))
