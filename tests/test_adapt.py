@@ -292,3 +292,18 @@ def test_path_switch_forces_either_path_and_names_bad_values():
         adapt(foreign, path="quick")
     with pytest.raises(TypeError, match="SimpleMLPAdaLN's layout"):
         adapt(_plain(), path="fast")
+
+
+def test_a_bfloat16_head_is_checked_in_float32():
+    """The check runs on float32 copies: a half-precision head is judged on its maths, not its rounding."""
+
+    def half(module):  # the time features in the weights' dtype, as MAR's TimestepEmbedder gives them
+        embed = module.time_embed
+        embed.forward = lambda t: embed.mlp(sincos(t, 256).to(module.cond_embed.weight.dtype))
+        return module.to(torch.bfloat16)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert isinstance(adapt(half(ForeignMLPAdaLN())), MARLayoutHead)
+    with pytest.warns(UserWarning, match="differs"):
+        assert isinstance(adapt(half(DoubledMLPAdaLN())), ForwardHead)

@@ -170,20 +170,22 @@ def fast_path_mismatch(module: nn.Module) -> str | None:
 
     Checked on PROBE_ROWS random rows with random weights put in place of the module's (through
     torch.func.functional_call, the module is not changed): a fresh head's adaLN-Zero init outputs
-    zeros whatever its forward does, so its own weights could not tell the two apart. Costs one
-    temporary copy of the parameters."""
+    zeros whatever its forward does, so its own weights could not tell the two apart. The probe runs
+    in float32 (float64 for a float64 module), whatever the module's dtype: it checks the maths, not
+    half-precision rounding. Costs one temporary float32 copy of the parameters."""
     params = list(module.named_parameters())
     if not params:
         return "it has no parameters"
     dtype, device = params[0][1].dtype, params[0][1].device
     if device.type == "meta" or not dtype.is_floating_point:
         return f"its parameters are on {device.type} in {dtype}, where the check cannot run"
+    dtype = torch.float64 if dtype == torch.float64 else torch.float32
     g = torch.Generator().manual_seed(0)
 
     def random_like(p: torch.Tensor) -> torch.Tensor:
         noise = torch.randn(p.shape, generator=g, dtype=torch.float64)
         value = noise / p.shape[-1] ** 0.5 if p.dim() > 1 else p.detach().cpu().double() + 0.1 * noise
-        return value.to(device, p.dtype)
+        return value.to(device, dtype)
 
     weights = {f"module.{name}": random_like(p) for name, p in params}
     x = torch.randn(PROBE_ROWS, module.input_proj.in_features, generator=g, dtype=torch.float64).to(device, dtype)
@@ -203,7 +205,7 @@ def fast_path_mismatch(module: nn.Module) -> str | None:
         return f"its forward(x, t, c) gives {got}, the fast path {tuple(fast.shape)}"
     scale = float(own.double().abs().max()) + 1e-12
     error = float((own.double() - fast.double()).abs().max()) / scale
-    if error > PROBE_TOLERANCE.get(dtype, 5e-2):
+    if error > PROBE_TOLERANCE[dtype]:
         return (f"its forward(x, t, c) differs from SimpleMLPAdaLN's maths (relative error {error:.1e} on random "
                 "weights: an overridden forward or another layer in the blocks)")
     return None
