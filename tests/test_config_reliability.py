@@ -25,6 +25,7 @@ AT_LOAD = [
     ("grpo.advantage_eps", ["grpo.advantage_eps=2"]),
     ("optim.weight_decay", ["optim.lr=1e-4", "optim.weight_decay=1e4"]),  # lr * wd = 1: the weights zeroed
     ("optim.weight_decay", ["optim.lr=0.5", "optim.weight_decay=3"]),  # lr * wd = 1.5: their sign flipped
+    ("optim.weight_decay", ["grpo.head=low_lr", "grpo.head_lr_scale=20", "optim.lr=0.01", "optim.weight_decay=5"]),
     ("rewards", ["rewards={shapes: 0}"]),  # the only reward weighs 0: no signal
     ("rewards", ["rewards={shapes: 0, jpeg_incompressibility: 0.0}"]),
     ("rewards", ["rewards={shapes: {weight: 0, partial_credit: true}}"]),
@@ -50,6 +51,7 @@ def test_a_value_that_would_train_on_nothing_fails_at_load(key, extra):
 
 @pytest.mark.parametrize("extra", [
     ["grpo.advantage_eps=1"], ["optim.lr=1e-4", "optim.weight_decay=9999"], ["optim.lr=0", "optim.weight_decay=1e6"],
+    ["grpo.head=low_lr", "grpo.head_lr_scale=0.1", "optim.lr=0.01", "optim.weight_decay=50"],
     ["rewards={shapes: 1, jpeg_incompressibility: 0}"], ["rollout.cfg_scale=100"], ["rollout.cfg_scale=0.5"],
     ["rollout.temperature=10"], ["run.out_dir=."], ["run.train_prompts=null"],
 ])

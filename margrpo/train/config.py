@@ -226,6 +226,8 @@ RULES = (
     Rule("optim.weight_decay", lambda v, c: c.optim.lr * v < 1,
          "optim.lr * optim.weight_decay < 1 (AdamW multiplies the weights by 1 - lr * weight_decay every step: "
          "at 1 it zeroes them, above it flips their sign)"),
+    Rule("optim.weight_decay", lambda v, c: c.grpo.head != "low_lr" or c.optim.lr * c.grpo.head_lr_scale * v < 1,
+         "optim.lr * grpo.head_lr_scale * optim.weight_decay < 1 with grpo.head: low_lr (the head's decay)"),
     Rule("optim.betas", lambda v, c: all(0 <= b < 1 for b in v), "two numbers in [0, 1)"),
     Rule("optim.warmup_steps", _at_least(0), "an integer >= 0 (0: no warmup)"),
     Rule("optim.grad_clip", lambda v, c: v is None or v > 0, "null (no clipping) or a number > 0 (.inf: no clipping)"),
