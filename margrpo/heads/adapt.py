@@ -38,7 +38,8 @@ MAR_LAYOUT = ("time_embed.mlp", "cond_embed", "input_proj", "res_blocks", "final
               "final_layer.linear", "final_layer.adaLN_modulation")
 BLOCK_LAYOUT = ("in_ln", "mlp", "adaLN_modulation")
 PATHS = ("auto", "fast", "generic")
-PROBE_ROWS = 4
+PROBE_TIMES = (0.0, 1.0, 250.0, 999.0)  # diffusion times of the probe's rows, as the samplers give them
+PROBE_ROWS = len(PROBE_TIMES)
 # agreement of the probe (relative to the output's scale): rounding of the module's dtype, far below
 # what a changed activation, normalisation or extra term gives
 PROBE_TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4}
@@ -190,7 +191,7 @@ def fast_path_mismatch(module: nn.Module) -> str | None:
     weights = {f"module.{name}": random_like(p) for name, p in params}
     x = torch.randn(PROBE_ROWS, module.input_proj.in_features, generator=g, dtype=torch.float64).to(device, dtype)
     c = torch.randn(PROBE_ROWS, module.cond_embed.in_features, generator=g, dtype=torch.float64).to(device, dtype)
-    t = torch.tensor([0.0, 1.0, 250.0, 999.0], device=device)  # diffusion times as the samplers give them
+    t = torch.tensor(PROBE_TIMES, device=device)
     try:
         with torch.no_grad():
             own, fast = torch.func.functional_call(_Probe(module), weights, (x, t, c), strict=False)
