@@ -75,6 +75,7 @@ def _extensions():
 
 
 ext_modules, cmdclass = _extensions()
-# data read at run time: the prompt splits and the shipped checkpoints (margrpo.checkpoints)
-PACKAGE_DATA = {"margrpo.testbed": ["prompts/*.txt"], "margrpo.checkpoints": ["*/*"]}
+# data read at run time: the prompt splits, the shipped checkpoints (margrpo.checkpoints) and the
+# measured backend order of the fused ops (margrpo.ops._table)
+PACKAGE_DATA = {"margrpo.testbed": ["prompts/*.txt"], "margrpo.checkpoints": ["*/*"], "margrpo.ops": ["backend_table.json"]}
 setup(packages=PACKAGES, package_data=PACKAGE_DATA, ext_modules=ext_modules, cmdclass={"build_py": BuildPy, **cmdclass})

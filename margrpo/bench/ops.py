@@ -529,7 +529,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, help="torch.set_num_threads for the CPU run (default: torch's)")
     parser.add_argument("--json", help="write the rows, the interleaving orders and the machine description here")
     parser.add_argument("--plot", help="write a PNG of speedup vs tokens here (one panel per op and mode)")
+    parser.add_argument("--write-table", metavar="PATH",
+                        help="write the backend table of `auto` (margrpo/ops/backend_table.json's layout) from this run's "
+                        "rows, or from --from-json; entries of other ops and device kinds in PATH are kept")
+    parser.add_argument("--assume-for", metavar="KIND[,KIND]", default="",
+                        help="with --write-table: GPU device kinds without figures (nvidia-h100, other-cuda) that take "
+                        "the measured GPU's entries, marked assumed_from")
+    parser.add_argument("--from-json", metavar="R.json[,R2.json]",
+                        help="no run: read the rows of earlier --json reports (for --write-table and the verdicts)")
     args = parser.parse_args(argv)
+    if args.from_json:
+        return _from_reports(args.from_json.split(","), args.write_table, _kinds(args.assume_for))
     device = torch.device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -561,11 +571,57 @@ def main(argv: list[str] | None = None) -> int:
     report.set("load_average_end", load_average())
     print(format_table(result.rows))
     print(f"load average (1/5/15 min) at the end: {' '.join(map(str, load_average() or ['unavailable']))}")
+    _print_verdicts([asdict(r) for r in result.rows])
+    if args.write_table:
+        _write_table(args.write_table, [{"machine": report.head["machine"], "rows": report.rows}],
+                     [args.json or f"margrpo bench ops on {device}"], _kinds(args.assume_for))
     if args.plot:
         from margrpo.bench.plot import speedup_plot
 
         speedup_plot([asdict(r) for r in result.rows], args.plot, title=f"margrpo bench ops, {device.type}")
         print(f"plot: {args.plot}")
+    return 0
+
+
+def _print_verdicts(rows: list[dict]) -> None:
+    from margrpo.bench.table import verdicts
+
+    lines = verdicts(rows)
+    print("\n".join(["where margrpo loses:"] + lines) if lines else "margrpo beats eager and compile at every shape measured")
+
+
+def _kinds(value: str) -> tuple[str, ...]:
+    from margrpo.ops._table import DEVICE_KINDS
+
+    return split_choices(value, DEVICE_KINDS, "assume-for") if value else ()
+
+
+def _write_table(path: str, reports: list[dict], sources: list[str], assume_for: tuple[str, ...] = ()) -> None:
+    from margrpo.bench.table import write
+
+    try:
+        new = write(path, reports, sources, assume_for=assume_for)
+    except ValueError as err:
+        raise SystemExit(f"--write-table: {err}") from None
+    print(f"backend table: {len(new)} entries written to {path}")
+
+
+def _from_reports(paths: list[str], table: str | None, assume_for: tuple[str, ...] = ()) -> int:
+    """--from-json: the verdicts of saved reports, and the table written from them."""
+    import json
+
+    reports = []
+    for path in paths:
+        try:
+            with open(path) as f:
+                reports.append(json.load(f))
+        except (OSError, json.JSONDecodeError) as err:
+            raise SystemExit(f"--from-json: {path}: {err}") from None
+    for path, report in zip(paths, reports):
+        print(f"{path}:")
+        _print_verdicts(report.get("rows") or [])
+    if table:
+        _write_table(table, reports, paths, assume_for)
     return 0
 
 

@@ -1,7 +1,9 @@
 """Backend choice for the fused ops: torch (reference), triton, cuda, cpp.
 
-`auto` (the default, or env MARGRPO_BACKEND) picks triton, else cuda, on CUDA tensors and cpp, else
-torch, on CPU tensors. Triton runs on CPU tensors only under TRITON_INTERPRET=1 (tests).
+`auto` (the default, or env MARGRPO_BACKEND) follows the measured order of the backend table
+(_table.py: per op, device kind and size) and, where the table has no figures, the built-in rule:
+triton, else cuda, on CUDA tensors and cpp, else torch, on CPU tensors. Triton runs on CPU tensors
+only under TRITON_INTERPRET=1 (tests).
 """
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import warnings
 from collections.abc import Callable
 
 import torch
+
+from . import _table
 
 BACKENDS = ("torch", "triton", "cuda", "cpp")
 _CHOICES = ("auto",) + BACKENDS
@@ -96,18 +100,33 @@ def _runs_on(name: str, device: torch.device) -> bool:
     return device.type == "cuda" and bool(getattr(ext, "with_cuda", False))  # cuda
 
 
-def resolve(device: torch.device, op: str, has_kernel: Callable[[str], bool] | None = None) -> str:
+# the built-in rule of `auto`, where the backend table has no figures
+DEFAULT_ORDER = {"cuda": ("triton", "cuda", "torch"), "cpu": ("cpp", "torch")}
+
+
+def auto_order(device: torch.device, op: str, elements: int | None = None) -> tuple[str, ...]:
+    """The backends `auto` tries for `op` on `device` with a main input of `elements` elements: the
+    table's measured order, then the built-in rule's other backends (torch last: it always runs)."""
+    default = DEFAULT_ORDER.get(device.type, ("torch",))
+    measured = _table.current().order(op, _table.device_kind(device), elements)
+    if measured is None:
+        return default
+    return measured + tuple(name for name in default + ("torch",) if name not in measured)
+
+
+def resolve(device: torch.device, op: str, has_kernel: Callable[[str], bool] | None = None,
+            elements: int | None = None) -> str:
     """The backend that runs `op` on tensors of `device` under the current selection.
 
     `has_kernel(name)` says whether backend `name` has this op's kernel: a partial or stale build of
     the extension (or of kernels/) may lack it, and `auto` then moves on to the next backend.
+    `elements`: the size of the op's main input, which picks the table's size bucket under `auto`.
     """
     def usable(name: str) -> bool:
         return _runs_on(name, device) and (has_kernel is None or has_kernel(name))
 
     if _selected == "auto":
-        order = ("triton", "cuda", "torch") if device.type == "cuda" else ("cpp", "torch")
-        return next(name for name in order if usable(name))
+        return next(name for name in auto_order(device, op, elements) if usable(name))
     if not _runs_on(_selected, device):
         raise RuntimeError(
             f"{op}: backend {_selected!r} cannot run on {device.type} tensors here "

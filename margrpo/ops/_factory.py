@@ -79,13 +79,15 @@ class FusedOp:
     def __call__(self, device: torch.device, *inputs, empty: bool = False):
         """The op on `inputs` (already in the kernel layout). empty: no work to do (the reference then
         returns the empty result without any kernel launch)."""
+        # the main input's size picks the backend table's size bucket
+        elements = 0 if empty else inputs[0].numel()
         if _kernels.direct_call_allowed():
-            backend, kernels = _kernels.for_eager(device, self.name, self.module, self.kernels, empty=empty)
+            backend, kernels = _kernels.for_eager(device, self.name, self.module, self.kernels, empty, elements)
             tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
             if self.gradient is not None and _kernels.needs_grad(*tensors):
                 return self.function.apply(backend, kernels, *inputs)
             return self.forward(kernels, backend, *inputs)
-        backend = "torch" if empty else _kernels.pick(device, self.name, self.module, *self.kernels)
+        backend = "torch" if empty else _kernels.pick(device, self.name, self.module, *self.kernels, elements=elements)
         return self.custom_op(*inputs, backend)
 
     # ------------------------------------------------------------------ autograd, both routes

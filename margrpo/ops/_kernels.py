@@ -13,13 +13,14 @@ per call, as much as the kernels take on the real shapes.
 """
 from __future__ import annotations
 
+import bisect
 import functools
 import importlib
 from collections.abc import Callable
 
 import torch
 
-from . import _backend, reference
+from . import _backend, _table, reference
 
 
 @functools.cache
@@ -53,16 +54,18 @@ def get(backend: str, module: str, name: str) -> Callable:
 
 
 @torch.compiler.assume_constant_result
-def _pick(device_type: str, op: str, module: str, names: tuple[str, ...], selection: str) -> str:
+def _pick(device_type: str, op: str, module: str, names: tuple[str, ...], selection: str, elements: int | None) -> str:
     # `selection` is only a cache key for the compiler: the result changes when set_backend() does
     device = torch.device(device_type)
-    return _backend.resolve(device, op, lambda backend: all(find(backend, module, n) for n in names))
+    return _backend.resolve(device, op, lambda backend: all(find(backend, module, n) for n in names), elements)
 
 
-def pick(device: torch.device, op: str, module: str, *names: str) -> str:
+def pick(device: torch.device, op: str, module: str, *names: str, elements: int | None = None) -> str:
     """The backend that runs `op` on `device`: the user's choice, or under `auto` the first of the
-    device's order whose kernels `names` are all built (see _backend.resolve)."""
-    return _pick(device.type, op, module, names, _backend.get_backend())
+    measured (else built-in) order whose kernels `names` are all built (see _backend.resolve).
+    `elements`: the main input's size (a symbolic size while tracing counts as unknown)."""
+    size = elements if isinstance(elements, int) else None
+    return _pick(device.type, op, module, names, _backend.get_backend(), size)
 
 
 def direct_call_allowed() -> bool:
@@ -77,24 +80,43 @@ def direct_call_allowed() -> bool:
     )
 
 
-# the eager path's picks: (device, op, selection) -> (backend, kernels). The selection is part of the
-# key, so set_backend() needs no invalidation and use_backend() around every call stays cheap.
-_eager_picks: dict[tuple[torch.device, str, str], tuple[str, tuple[Callable, ...]]] = {}
+class _Picks:
+    """The eager path's picks of one (device, op, selection): the table's size edges for the op on
+    the device, and per size segment the (backend, kernels), filled on first use."""
+
+    __slots__ = ("edges", "by_segment")
+
+    def __init__(self, edges: tuple[int, ...]):
+        self.edges = edges
+        self.by_segment: list[tuple[str, tuple[Callable, ...]] | None] = [None] * (len(edges) + 1)
+
+
+# (device, op, selection) -> _Picks. The selection is part of the key, so set_backend() needs no
+# invalidation and use_backend() around every call stays cheap; a new backend table clears it.
+_eager_picks: dict[tuple[torch.device, str, str], _Picks] = {}
+_table.on_change(_eager_picks.clear)
 
 
 def for_eager(
-    device: torch.device, op: str, module: str, names: tuple[str, ...], empty: bool = False
+    device: torch.device, op: str, module: str, names: tuple[str, ...], empty: bool = False, elements: int = 0
 ) -> tuple[str, tuple[Callable, ...]]:
-    """(backend, its kernels `names`) for `op` on `device` under the current selection: `pick` and
-    `get` in one, memoised (an error, such as a backend that cannot run here, is raised each time).
-    `empty`: the reference, which returns an empty result without any kernel launch."""
+    """(backend, its kernels `names`) for `op` on `device` under the current selection, with a main
+    input of `elements` elements: `pick` and `get` in one, memoised per size bucket of the backend
+    table (an error, such as a backend that cannot run here, is raised each time). `empty`: the
+    reference, which returns an empty result without any kernel launch."""
     if empty:
         return "torch", tuple(get("torch", module, name) for name in names)
-    key = (device, op, _backend.get_backend())
-    picked = _eager_picks.get(key)
+    selection = _backend.get_backend()
+    key = (device, op, selection)
+    picks = _eager_picks.get(key)
+    if picks is None:
+        edges = _table.current().segments(op, _table.device_kind(device))[0] if selection == "auto" else ()
+        picks = _eager_picks[key] = _Picks(edges)
+    segment = bisect.bisect_right(picks.edges, elements) if picks.edges else 0
+    picked = picks.by_segment[segment]
     if picked is None:
-        backend = _backend.resolve(device, op, lambda b: all(find(b, module, n) for n in names))
-        picked = _eager_picks[key] = (backend, tuple(get(backend, module, name) for name in names))
+        backend = _backend.resolve(device, op, lambda b: all(find(b, module, n) for n in names), elements)
+        picked = picks.by_segment[segment] = (backend, tuple(get(backend, module, name) for name in names))
     return picked
 
 
