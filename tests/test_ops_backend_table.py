@@ -187,6 +187,14 @@ def test_write_table_ranks_backends_and_splits_sizes(tmp_path):
     assert table.order("topk_mask", "cpu", 4 * 1024) == ("torch", "cpp")
     assert table.order("gaussian_logprob", "nvidia-h200", a) == ("cuda", "triton")
     assert json.loads(path.read_text())["sources"] == ["test", "cpu run"]
+    # a later H200 run at the large shape only: the small shape's figures stay, the buckets re-split;
+    # the H100's assumed entries stay until a run on an H100
+    later = bench_report("NVIDIA H200", {("gaussian_logprob", large): {"eager": 1.0, "margrpo[triton]": 1.2, "margrpo[cuda]": 1.5}})
+    bench_table.write(path, [later], ["later"])
+    table = _table.load(path)
+    assert table.order("gaussian_logprob", "nvidia-h200", a) == ("cuda", "triton")
+    assert table.order("gaussian_logprob", "nvidia-h200", b) == ("cuda", "triton")
+    assert table.order("gaussian_logprob", "nvidia-h100", b) == ("triton", "cuda")
     with pytest.raises(ValueError, match="assume_for: got 'cpu'"):
         bench_table.write(path, [report], ["x"], assume_for=("cpu",))
     with pytest.raises(ValueError, match=r"bench rows\[0\]: got .*expected op, dims, impl and speedup"):

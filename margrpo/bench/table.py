@@ -63,8 +63,11 @@ def speedups(reports: Iterable[dict]) -> dict[tuple[str, str, tuple[int, ...]], 
     return {key: {impl: _geomean(v) for impl, v in impls.items()} for key, impls in found.items()}
 
 
-def entries(reports: Iterable[dict]) -> list[dict]:
-    """Table entries (margrpo.ops._table's layout, with what was measured) from bench reports.
+Measured = dict[tuple[str, str], dict[int, dict]]  # (op, device kind) -> main-input elements -> order, figures
+
+
+def measurements(reports: Iterable[dict]) -> Measured:
+    """The backends' order at each measured size, per public op and device kind, with the figures.
     Shapes that give one public op the same main-input size (topk_mask's [B, N] under any D0) are
     one measurement: their speedups are averaged (geometric mean)."""
     by_size: dict[tuple[str, str, int], dict] = defaultdict(lambda: {"dims": [], "impls": defaultdict(list)})
@@ -74,7 +77,7 @@ def entries(reports: Iterable[dict]) -> list[dict]:
             found["dims"].append(list(dims))
             for impl, speedup in impls.items():
                 found["impls"][impl].append(speedup)
-    measured: dict[tuple[str, str], dict[int, dict]] = defaultdict(dict)
+    measured: Measured = defaultdict(dict)
     for (op, kind, elements), found in by_size.items():
         impls = {impl: _geomean(v) for impl, v in found["impls"].items()}
         backends = {b: s for impl, s in impls.items() if (b := _backend_of(impl))}
@@ -89,6 +92,12 @@ def entries(reports: Iterable[dict]) -> list[dict]:
                          "beats_eager": best > 1.0,
                          "beats_compile": best > impls["compile"] if "compile" in impls else None},
         }
+    return dict(measured)
+
+
+def bucketed(measured: Measured) -> list[dict]:
+    """Table entries: each measured size owns the sizes up to the geometric midpoints with its
+    neighbours (the smallest from 0, the largest without bound)."""
     out = []
     for (op, kind), sized in sorted(measured.items()):
         sizes = sorted(sized)
@@ -98,32 +107,47 @@ def entries(reports: Iterable[dict]) -> list[dict]:
     return out
 
 
+def entries(reports: Iterable[dict]) -> list[dict]:
+    """Table entries (margrpo.ops._table's layout, with what was measured) from bench reports."""
+    return bucketed(measurements(reports))
+
+
 def write(path: str | Path, reports: list[dict], sources: list[str], keep: bool = True,
           assume_for: tuple[str, ...] = ()) -> list[dict]:
-    """Write the table at `path` from bench `reports`; with `keep`, the entries of an existing valid
-    table at `path` for (op, device kind) pairs these reports did not measure stay. `assume_for`:
-    device kinds without figures of their own that get copies of the measured entries, marked
-    "assumed_from" (a later run on such a card replaces them). The result is checked by
-    margrpo.ops._table before it is written. Returns the new entries."""
-    new = entries(reports)
-    if not new:
+    """Write the table at `path` from bench `reports`. With `keep`, an existing valid table at
+    `path` is merged: its entries for (op, device kind) pairs these reports did not measure stay as
+    they are, and for measured pairs its measurements at other sizes stay (the buckets are then
+    re-split), unless they were assumed from another card. `assume_for`: GPU device kinds without
+    figures of their own that take copies of the measured GPU's entries, marked "assumed_from" (a
+    run on such a card replaces them). The result is checked by margrpo.ops._table before it is
+    written. Returns the entries written for the measured (and assumed) pairs."""
+    measured = measurements(reports)
+    if not measured:
         raise ValueError("bench rows: no margrpo[<backend>] rows of a known op and 4-d shape; nothing to write")
-    measured_kinds = sorted({e["device"] for e in new})
+    measured_kinds = sorted({kind for _, kind in measured})
     for kind in assume_for:
         if kind not in _table.DEVICE_KINDS:
             raise ValueError(f"assume_for: got {kind!r}, expected device kinds from {', '.join(_table.DEVICE_KINDS)}")
         if len(measured_kinds) != 1 or measured_kinds[0] == "cpu" or kind in measured_kinds or kind == "cpu":
             raise ValueError(f"assume_for: got {kind!r} for rows measured on {', '.join(measured_kinds)}, expected a GPU "
                              "kind without figures, from the rows of one GPU kind")
-        new += [{**e, "device": kind, "assumed_from": measured_kinds[0]} for e in new if e["device"] == measured_kinds[0]]
+        for (op, _), sized in list(measured.items()):
+            measured[(op, kind)] = {n: {**m, "assumed_from": measured_kinds[0]} for n, m in sized.items()}
     path = Path(path)
     kept, old_sources = [], []
     if keep and path.exists():
         old = json.loads(path.read_text())
         _table.parse(old, str(path))
-        replaced = {(e["op"], e["device"]) for e in new}
-        kept = [e for e in old["entries"] if (e["op"], e["device"]) not in replaced]
+        for e in old["entries"]:
+            pair, elements = (e["op"], e["device"]), e.get("measured", {}).get("elements")
+            if pair not in measured:
+                kept.append(e)
+            elif isinstance(elements, int) and "assumed_from" not in e and elements not in measured[pair] \
+                    and not any("assumed_from" in m for m in measured[pair].values()):
+                measured[pair][elements] = {k: v for k, v in e.items() if k not in ("op", "device", "min_elements",
+                                                                                   "max_elements")}
         old_sources = [s for s in old.get("sources", []) if s not in sources]
+    new = bucketed(measured)
     table = {"format": _table.FORMAT,
              "about": "margrpo.ops._table: auto's backend order per op, device kind and size bucket (elements of the "
                       "op's main input), fastest first as measured; written by `margrpo bench ops --write-table`",
