@@ -344,3 +344,19 @@ def test_mte_gives_uncertain_tokens_more_draws_in_the_update(tiny):
                     _config(mte=True, mte_ratio=0.3, matching_draws=4), optimizer)
     assert 0.0 < result.metrics["mte_fraction"] < 1.0
     assert abs(result.metrics["ratio_max"] - 1.0) < 1e-12
+
+
+def test_diagnose_checks_the_matching_ratio(tmp_path_factory, tmp_path):
+    """margrpo diagnose's on-policy check under matching: the old and new scores of the first update
+    agree (no dropout in the tiny model), and the recorded-transition check has nothing to check."""
+    from conftest import make_small_trainer, make_tiny_checkpoint
+
+    from margrpo.train.diagnostics import first_update_log_ratio, recorded_logp_error
+
+    trainer = make_small_trainer(tmp_path, make_tiny_checkpoint(tmp_path_factory, 1), "grpo.estimator=matching",
+                                 "rollout.num_mask_steps=4", "rollout.record_mask_steps=2", "rollout.record_diffusion_steps=2",
+                                 "grpo.prompts_per_step=2",
+                                 "grpo.group_size=2")
+    _, rollout = trainer.rollout(0)
+    assert rollout.num_transitions == 0 and recorded_logp_error(rollout) == 0.0
+    assert first_update_log_ratio(trainer, rollout) < 1e-5

@@ -7,6 +7,8 @@
 2. on-policy ratio: the training likelihood (the update's forward mode and numerics) of the same
    transitions under the unchanged policy reproduces the stored log-probs, so the first update's
    ratio is 1 (its largest |log ratio| is reported; fp32 rounding gives ~1e-3 on late, small-std steps).
+   Under grpo.estimator: matching, the matching scores of the update's draws in the rollout's forward
+   mode against the training mode's (the old and the new score of the first update).
 3. signal: the fraction of groups whose rewards are all equal (they carry no advantage at all).
 4. direction: the policy-gradient direction of one step, applied with growing step sizes eta, and the
    mean reward of fresh samples of the same prompts (fixed seeds, so the comparison between step sizes
@@ -44,7 +46,11 @@ def recorded_logp_error(rollout) -> float:
 
 def first_update_log_ratio(trainer, rollout) -> float:
     """Largest |log ratio| of the first update: the trainer's training likelihood of the rollout's
-    transitions under the policy that sampled them, against the stored log-probs."""
+    transitions under the policy that sampled them, against the stored log-probs. Under the matching
+    estimator: the scores the update's ratio divides by (the rollout's forward mode) against those of
+    its first evaluation (the training mode), on the update's own draws."""
+    if trainer.config.grpo.estimator == "matching":
+        return _matching_log_ratio(trainer, rollout)
     if rollout.logp.numel() == 0:
         return 0.0
     from margrpo.grpo.policy_update import likelihood
@@ -55,6 +61,23 @@ def first_update_log_ratio(trainer, rollout) -> float:
         logp = likelihood(trainer.policy, rollout, trainer.config.grpo, bf16=trainer.config.optim.bf16).logp
     trainer.policy.train(was_training)
     return float((logp.double() - rollout.logp.double()).abs().max())
+
+
+def _matching_log_ratio(trainer, rollout) -> float:
+    from margrpo.grpo.matching import draw_matching, matching_score, matching_values
+
+    config, policy = trainer.config.grpo, trainer.policy
+    draws = draw_matching(rollout, config.matching_draws)
+    was_training = policy.training
+    scores = []
+    with torch.no_grad(), torch.autocast(rollout.tokens.device.type, dtype=torch.bfloat16,
+                                         enabled=trainer.config.optim.bf16):
+        for training in (was_training, True):
+            policy.train(training)
+            values = matching_values(policy, rollout, draws, cfg=config.likelihood_cfg)
+            scores.append(matching_score(values, config.channel_reduction).double())
+    policy.train(was_training)
+    return float((scores[1] - scores[0]).abs().max()) if scores[0].numel() else 0.0
 
 
 def zero_variance_fraction(rewards: torch.Tensor, group_size: int) -> float:
