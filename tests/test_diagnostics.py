@@ -195,3 +195,40 @@ def test_diagnose_compare_names_a_grpo_setting():
     with pytest.raises(SystemExit) as exit_info:
         diagnostics.main(["--config", "configs/shapes-tiny.yaml", "--variance", "2", "--compare", "grpo.nonsense=1,2"])
     assert exit_info.value.code == 2
+
+
+def _synthetic(name, flat):
+    n = flat.shape[0]
+    mean = flat.mean(0)
+    total = float((flat - mean).pow(2).sum() / (n - 1))
+    sq = float(mean.pow(2).sum())
+    return diagnostics.GradientVariance(name, n, sq, total, total / sq, sq - total / n, gram=flat @ flat.T, flat=flat)
+
+
+def test_signal_to_noise_and_its_interval_cover_a_known_value():
+    """Gradients = signal + unit noise in 40 dims, |signal|^2 = 40 * 0.25: the per-rollout SNR is
+    0.25 and its bootstrap interval over 400 rollouts covers it (and excludes 0 and 0.5)."""
+    generator = torch.Generator().manual_seed(1)
+    n, dim = 400, 40
+    signal = torch.full((dim,), 0.5, dtype=torch.float64)
+    result = _synthetic("s", signal + torch.randn(n, dim, generator=generator, dtype=torch.float64))
+    assert result.signal_to_noise == pytest.approx(0.25, abs=0.05)
+    low, high = diagnostics.signal_to_noise_interval(result)
+    assert low < 0.25 < high and low > 0.1 and high < 0.5
+
+
+def test_mean_cosine_separates_aligned_from_orthogonal_estimators():
+    generator = torch.Generator().manual_seed(2)
+    n, dim = 200, 30
+    direction = torch.zeros(dim, dtype=torch.float64)
+    direction[0] = 1.0
+    other = torch.zeros(dim, dtype=torch.float64)
+    other[1] = 1.0
+    noise = torch.randn(n, dim, generator=generator, dtype=torch.float64)
+    a = _synthetic("a", 2 * direction + noise)
+    same = _synthetic("b", 2 * direction + 0.5 * noise + 0.5 * torch.randn(n, dim, generator=generator, dtype=torch.float64))
+    orthogonal = _synthetic("c", 2 * other + torch.randn(n, dim, generator=generator, dtype=torch.float64))
+    cosine, low, high = diagnostics.mean_cosine(a, same)
+    assert cosine > 0.8 and low > 0.6
+    cosine, low, high = diagnostics.mean_cosine(a, orthogonal)
+    assert abs(cosine) < 0.3 and low < 0 < high

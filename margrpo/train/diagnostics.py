@@ -175,6 +175,12 @@ class GradientVariance:
     # or below 0: the expected gradient is not detectable in one step's estimate
     signal_sq_norm: float
     gram: torch.Tensor | None = field(repr=False, default=None)  # float64 [n, n]: g_i . g_j, for variance_ratio
+    flat: torch.Tensor | None = field(repr=False, default=None)  # float64 [n, P]: the rollouts' gradients
+
+    @property
+    def signal_to_noise(self) -> float:
+        """|E g|^2 / tr Cov: the per-rollout signal-to-noise of the update direction (unbiased numerator)."""
+        return self.signal_sq_norm / max(self.total_variance, 1e-300)
 
 
 def _total_variance(gram: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -195,12 +201,47 @@ def variance_ratio(a: GradientVariance, b: GradientVariance, resamples: int = 40
     n = a.gram.shape[0]
     centre = torch.eye(n, dtype=torch.float64) - 1 / n  # variances do not move with the origin; centred
     grams = [centre @ g.double() @ centre for g in (a.gram, b.gram)]  # Grams avoid cancellation
-    picks = torch.randint(n, (resamples, n), generator=torch.Generator().manual_seed(seed))
-    counts = torch.zeros(resamples, n, dtype=torch.float64).scatter_add_(1, picks, torch.ones(resamples, n, dtype=torch.float64))
-    counts = counts[(counts > 0).sum(1) >= 2]  # a resample of one rollout repeated has no variance
+    counts = _bootstrap_counts(n, resamples, seed)
     ratios = _total_variance(grams[0], counts) / _total_variance(grams[1], counts)
     low, high = torch.quantile(ratios, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
     return a.total_variance / b.total_variance, low, high
+
+
+def _signal_to_noise(gram: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """The signal-to-noise (|mean|^2 - tr Cov / n) / tr Cov of resamples (counts [..., n]) of the
+    rollouts, from their Gram matrix [n, n]."""
+    n = counts.shape[-1]
+    total = _total_variance(gram, counts)
+    mean_sq = torch.einsum("...i,ij,...j->...", counts, gram, counts) / n**2
+    return (mean_sq - total / n) / total
+
+
+def signal_to_noise_interval(result: GradientVariance, resamples: int = 4000, seed: int = 0) -> tuple[float, float]:
+    """95% bootstrap interval (over rollouts) of a variant's per-rollout signal-to-noise."""
+    n = result.gram.shape[0]
+    counts = _bootstrap_counts(n, resamples, seed)
+    low, high = torch.quantile(_signal_to_noise(result.gram.double(), counts),
+                               torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
+    return low, high
+
+
+def _bootstrap_counts(n: int, resamples: int, seed: int) -> torch.Tensor:
+    picks = torch.randint(n, (resamples, n), generator=torch.Generator().manual_seed(seed))
+    counts = torch.zeros(resamples, n, dtype=torch.float64).scatter_add_(1, picks, torch.ones(resamples, n, dtype=torch.float64))
+    return counts[(counts > 0).sum(1) >= 2]  # a resample of one rollout repeated has no variance
+
+
+def mean_cosine(a: GradientVariance, b: GradientVariance, resamples: int = 4000, seed: int = 0
+                ) -> tuple[float, float, float]:
+    """Cosine between two variants' mean gradients over the same rollouts, with a 95% paired
+    bootstrap interval (the means still hold noise of size tr Cov / n: a small signal-to-noise pulls
+    the cosine of two unrelated estimators' means towards their noises' correlation)."""
+    counts = _bootstrap_counts(a.flat.shape[0], resamples, seed)
+    mean_a, mean_b = counts @ a.flat / a.flat.shape[0], counts @ b.flat / b.flat.shape[0]
+    cosines = torch.nn.functional.cosine_similarity(mean_a, mean_b, dim=-1)
+    point = float(torch.nn.functional.cosine_similarity(a.flat.mean(0), b.flat.mean(0), dim=0))
+    low, high = torch.quantile(cosines, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
+    return point, low, high
 
 
 def gradient_variance(trainer, rollouts: int = 6, variants: dict[str, dict[str, object]] | None = None
@@ -225,7 +266,7 @@ def gradient_variance(trainer, rollouts: int = 6, variants: dict[str, dict[str, 
             total = float((flat - mean).pow(2).sum(1).sum() / (rollouts - 1))
             sq = float(mean.pow(2).sum())
             out.append(GradientVariance(name, rollouts, sq, total, total / max(sq, 1e-300), sq - total / rollouts,
-                                        gram=flat @ flat.T))
+                                        gram=flat @ flat.T, flat=flat))
     finally:
         for key, value in saved.items():
             setattr(grpo, key, value)
@@ -308,12 +349,16 @@ def main(argv: list[str] | None = None) -> int:
     print(diagnose(trainer, etas, args.samples).table())
     if args.variance:
         print(f"policy-gradient variance over {args.variance} rollouts (same rollouts for each variant):")
-        print(f"  {'variant':<14} {'|mean g|^2':>11} {'tr Cov':>11} {'relative':>9} {'|E g|^2 est':>12}")
+        print(f"  {'variant':<22} {'|mean g|^2':>11} {'tr Cov':>11} {'relative':>9} {'|E g|^2 est':>12}"
+              f" {'SNR':>9} {'SNR 95%':>22}")
         results = gradient_variance(trainer, args.variance, variants)
         for v in results:
-            print(f"  {v.variant:<14} {v.mean_sq_norm:>11.4g} {v.total_variance:>11.4g} {v.relative_variance:>9.3f}"
-                  f" {v.signal_sq_norm:>12.4g}")
+            snr_low, snr_high = signal_to_noise_interval(v)
+            print(f"  {v.variant:<22} {v.mean_sq_norm:>11.4g} {v.total_variance:>11.4g} {v.relative_variance:>9.3f}"
+                  f" {v.signal_sq_norm:>12.4g} {v.signal_to_noise:>9.4f} [{snr_low:>9.4f}, {snr_high:>9.4f}]")
         ratio, low, high = variance_ratio(results[0], results[1])
         print(f"  tr Cov {results[0].variant} / {results[1].variant}: {ratio:.3f} "
               f"(95% paired bootstrap over rollouts: [{low:.3f}, {high:.3f}])")
+        cosine, low, high = mean_cosine(results[0], results[1])
+        print(f"  cosine of the mean gradients: {cosine:.3f} (95% paired bootstrap: [{low:.3f}, {high:.3f}])")
     return 0
