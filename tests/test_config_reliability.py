@@ -79,7 +79,7 @@ def _start(*extra: str) -> Trainer:
     ("rollout.num_mask_steps", ["rollout.num_mask_steps=1000000000"], "at most the model's 64 tokens"),
     ("backbone.diffusion_steps", ["backbone.diffusion_steps=100000000"], "got 100000000"),
     ("backbone.options", ["backbone.options={flow_shift: 3.0}"], "unknown option(s) flow_shift for backbone 'tiny'"),
-    ("backbone.checkpoint", ["backbone.checkpoint=MISSING"], "no directory there"),
+    ("backbone.checkpoint", ["backbone.checkpoint=MISSING"], "no-such-model/config.json not found"),
     ("backbone.checkpoint", ["backbone.checkpoint=NOT_A_MODEL"], "config.json not found"),
     ("backbone.checkpoint", ["backbone.checkpoint=builtin:shapes-tinny"], "expected one of the shipped checkpoints"),
 ])

@@ -91,9 +91,6 @@ def load_backbone(config: BackboneConfig, device: str | torch.device = "cpu") ->
         checkpoint = resolve_checkpoint(config.checkpoint)
     except FileNotFoundError as err:  # an unknown builtin:NAME
         raise ConfigFileNotFoundError(f"backbone.{err}") from err
-    if not str(config.checkpoint).strip() or not checkpoint.is_dir():
-        raise ConfigFileNotFoundError(f"backbone.checkpoint: got {str(config.checkpoint)!r}, expected a model "
-                                      "directory or builtin:NAME (no directory there)")
     if (checkpoint / "manifest.json").is_file() or (checkpoint / "checkpoints").is_dir():
         raise ConfigFileNotFoundError(
             f"backbone.checkpoint: {checkpoint} is a training run or run checkpoint (trained tensors only), not a "
