@@ -11,22 +11,26 @@
 #
 #   timeout -k 5 400 bash benchmarks/gpu/run.sh OUT setup kernels step rollout denoise rewards ops
 #
-# Time: the phases' LIMITs (below) add up to BUDGET = 383 s. A phase may use its own limit plus what
+# Time: the phases' LIMITs (below) add up to BUDGET = 389 s. A phase may use its own limit plus what
 # the phases before it left unused, never the limits of the phases after it, so the run ends within
 # BUDGET (+5 s per kill) whatever happens; the later phases are the ones that matter least. Expected
-# on an H200 (16 cores, fresh machine; about 345 s, from runs 1 and 2 of 2026-12-04):
+# on an H200 (16 cores, fresh machine; about 351 s, from runs 1 and 2 of 2026-12-04):
 #   setup    95 s limit, 63-85 s  offline wheels + CUDA build (skipped when the build is there)
-#   kernels  75 s limit, ~60 s    every kernel test file; all failures listed (OUT/kernels_failures.txt),
-#                                 a crashing test noted (kernels_crashes.txt), skipped and the run resumed
+#   kernels  75 s limit, ~60 s    every kernel test file in its own processes, 4 at a time; all failures
+#                                 listed (OUT/kernels_failures.txt), a crashing test noted (kernels_crashes.txt),
+#                                 skipped and its file resumed; a pass/fail table per op x backend x dtype
+#                                 (kernels_table.md)
 #   step    110 s limit, ~106 s   one GRPO step fused vs reference of NOVA-0.6B (50 s; ~48) then
 #                                 Harmon-1.5B (60 s; ~58), real backbones at 16 mask steps, 3 trained
 #   rollout  32 s limit, ~29 s    Harmon and NOVA heads, fused / per-seed / reference, 8 mask steps
 #   denoise  27 s limit, ~25 s    the Harmon mar_h head: fused, eager, torch.compile (NOVA's heads: runs 1-2)
 #   rewards  25 s limit, ~27 s    hps, jpeg, aesthetic, pickscore at full size in bf16 (random weights
 #                                 drawn on the GPU)
-#   ops      19 s limit, ~18 s    every op on every backend at steps-x16, eager and torch.compile,
-#                                 forward and forward + backward (--modes; backward alone is their
-#                                 difference, left out to fit) (the nova shape: runs 1-2)
+#   ops      25 s limit, ~25 s    every op on every backend at the nova and steps-x16 shapes, eager and
+#                                 torch.compile, forward and forward + backward (--modes; backward alone
+#                                 is their difference, left out to fit); then the backend table of `auto`
+#                                 re-decided from these rows (OUT/backend_table.json: the packaged table
+#                                 with this card's entries replaced; copy it to margrpo/ops/ to adopt it)
 # A failed or timed-out phase is logged in OUT_DIR/status.txt and the next one runs; every benchmark
 # rewrites its JSON after each row, so a timeout keeps the rows it finished. The warm-up calls (short
 # schedules) are excluded from every timing; compared methods run interleaved.
@@ -48,7 +52,7 @@ fi
 ALL=(setup kernels step rollout denoise rewards ops)
 PHASES=("$@")
 [ ${#PHASES[@]} -eq 0 ] && PHASES=("${ALL[@]}")
-declare -A LIMIT=([setup]=95 [kernels]=75 [step]=110 [rollout]=32 [denoise]=27 [rewards]=25 [ops]=19)
+declare -A LIMIT=([setup]=95 [kernels]=75 [step]=110 [rollout]=32 [denoise]=27 [rewards]=25 [ops]=25)
 NOVA_SHARE=50  # seconds of LIMIT[step] for step_nova; step_harmon gets the rest
 for phase in "${PHASES[@]}"; do
   [ -n "${LIMIT[$phase]:-}" ] || { echo "run.sh: unknown phase '$phase', expected some of: ${ALL[*]}" >&2; exit 2; }
@@ -56,12 +60,15 @@ done
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 STATUS="$OUT/status.txt"
+GPU_DIR="$PWD/benchmarks/gpu"  # kernel_results.py: the kernel tests' pytest plugin and table
 # -P: no current directory on sys.path, where the repository's kernels/ would shadow the `kernels`
 # package that transformers probes for
 PY="python -P"
 
 SCALE=1
+KERNEL_JOBS=${KERNEL_JOBS:-4}  # test files run at once (separate processes; the GPU has room for them)
 if [ $SMOKE = 1 ]; then
+  KERNEL_JOBS=${KERNEL_JOBS_SMOKE:-2}
   SCALE=${SMOKE_SCALE:-8}  # a (shared) CPU runs the kernel tests far slower than the GPU the limits are for
   DEV=cpu
   export TRITON_INTERPRET=1 MARGRPO_TEST_THREADS=1
@@ -75,7 +82,7 @@ if [ $SMOKE = 1 ]; then
            --rewards hps,jpeg_compressibility,aesthetic,pickscore)
 else
   DEV=cuda
-  OPS=(--shapes steps-x16 --modes forward,full --min-time 0.05)
+  OPS=(--shapes nova,steps-x16 --modes forward,full --min-time 0.03)
   DENOISE=(--cases harmon-mar_h --repeats 3)
   ROLLOUT=(--models harmon,nova --mask-steps 8 --warmup-mask-steps 2 --repeats 1)
   NOVA=(--mask-steps 16 --record-mask-steps 3 --warmup-mask-steps 4)
@@ -145,42 +152,60 @@ KERNEL_TESTS=(tests/test_ops_gaussian_logprob.py tests/test_ops_trajectory_std.p
               tests/test_ops_consistency.py tests/test_ops_grpo_surrogate.py tests/test_triton_kernels.py tests/test_heads.py
               tests/test_host_syncs.py tests/test_extension.py)
 
-kernels() {  # every backend that runs here against the float64 references; every failure reported
-  # -v names each test as it starts (a timeout or a crash still shows where it stopped); the summary
-  # (-rfE) lists every failure with its message, up to 30. A crash (a signal: the H200 build's
-  # extension segfaulted in one test in run 2) is noted in kernels_crashes.txt, its test function
-  # deselected, and the run goes on from that test's file, at most 5 times.
-  local files=("$@") deselect=() crashed=0 rc=0 attempt mark last file i
-  local log="$OUT/kernels.log" crashes="$OUT/kernels_crashes.txt"
-  : >"$crashes"
+kernel_file() {  # kernel_file FILE: one test file in its own pytest process, restarted after a crash
+  # -v names each test as it starts (a crash or a timeout still shows where it stopped); -rfE lists
+  # every failure with its message (up to --maxfail). A crash (a signal: the H200 build's extension
+  # segfaulted in one test in run 2) is noted in OUT/kernels/NAME.crashes, its test function
+  # deselected, and the file run again, at most 5 times. The kernel_results plugin records every
+  # test's outcome, op, backend and dtype as it goes (OUT/kernels/NAME.jsonl).
+  local file=$1 deselect=() attempt mark last rc=0 crashed=0
+  local name
+  name=$(basename "$file" .py)
+  local log="$OUT/kernels/$name.log"
+  : >"$log"
   for attempt in 1 2 3 4 5 6; do
     mark=$(wc -l <"$log")
-    $PY -m pytest -v -m "not slow" -p no:cacheprovider --maxfail=30 -rfE --tb=short --durations=10 \
-      "${deselect[@]}" "${files[@]}"
+    MARGRPO_KERNEL_RESULTS="$OUT/kernels/$name.jsonl" PYTHONPATH="$GPU_DIR${PYTHONPATH:+:$PYTHONPATH}" \
+      $PY -m pytest -p kernel_results -v -m "not slow" -p no:cacheprovider --maxfail=30 -rfE --tb=short \
+      "${deselect[@]}" "$file" >>"$log" 2>&1
     rc=$?
     [ $rc -lt 128 ] && break
     last=$(tail -n "+$((mark + 1))" "$log" | grep -oE "tests/[A-Za-z0-9_./-]+\.py::[^ ]+" | tail -n 1)
     [ -n "$last" ] || break
-    echo "CRASHED $last (exit $rc); its test function's other cases skipped" | tee -a "$crashes"
+    echo "CRASHED $last (exit $rc); its test function's other cases skipped" >>"$OUT/kernels/$name.crashes"
     crashed=1
     deselect+=(--deselect "${last%%[*}")  # every parametrized case: one crash costs one restart
-    file=${last%%::*}
-    for i in "${!files[@]}"; do
-      if [ "${files[$i]}" = "$file" ]; then files=("${files[@]:$i}"); break; fi
-    done
   done
+  [ $rc = 5 ] && rc=0  # every test deselected after crashes: the crashes say it
   [ $crashed = 1 ] && [ $rc = 0 ] && rc=1
+  echo "$file rc=$rc $(grep -E '^=+ .* in [0-9.]+s' "$log" | tail -n 1 | tr -d '=')"
   return $rc
 }
 
+kernels() {  # every backend that runs here against the float64 references, each test file in its own
+  # processes (a crash in one file cannot hide the others), KERNEL_JOBS files at a time
+  mkdir -p "$OUT/kernels"
+  local failed=0 file
+  printf '%s\n' "$@" | xargs -P "$KERNEL_JOBS" -I{} bash -c 'kernel_file "$1"' _ {} || failed=1
+  for file in "$@"; do
+    cat "$OUT/kernels/$(basename "$file" .py).crashes" 2>/dev/null
+  done >"$OUT/kernels_crashes.txt"
+  return $failed
+}
+
 kernel_failures() {  # OUT/kernels_failures.txt: crashes, the summaries' FAILED/ERROR lines, then failed tests
-  # that only a -v line names (a run cut short by a crash or the time limit prints no summary)
+  # that only a -v line names (a run cut short by a crash or the time limit prints no summary); then
+  # the pass/fail table per op x backend x dtype (OUT/kernels_table.md)
+  cat "$OUT"/kernels/*.jsonl >"$OUT/kernels_results.jsonl" 2>/dev/null
+  $PY "$GPU_DIR/kernel_results.py" "$OUT/kernels_results.jsonl" "$OUT/kernels_crashes.txt" >"$OUT/kernels_table.md"
   $PY - "$OUT" <<'PY'
 import re, sys
 from pathlib import Path
 
 out = Path(sys.argv[1])
-log = (out / "kernels.log").read_text(errors="replace").splitlines() if (out / "kernels.log").exists() else []
+log = []
+for path in sorted((out / "kernels").glob("*.log")):
+    log += path.read_text(errors="replace").splitlines()
 crashes = out / "kernels_crashes.txt"
 listed = crashes.read_text().splitlines() if crashes.exists() else []
 summary = [line for line in log if re.match(r"(FAILED|ERROR) tests/", line)]
@@ -198,10 +223,11 @@ for line in log:
 print(f"kernels: {len(listed)} failed or crashed tests listed in {out / 'kernels_failures.txt'}")
 print("\n".join(listed[:40]))
 PY
+  cat "$OUT/kernels_table.md"
 }
 
-export -f setup kernels
-export OUT SMOKE PY
+export -f setup kernels kernel_file
+export OUT SMOKE PY GPU_DIR KERNEL_JOBS
 for i in "${!UNITS[@]}"; do
   unit=${UNITS[$i]}
   limit=$(limit_for "$i")
@@ -210,7 +236,10 @@ for i in "${!UNITS[@]}"; do
     kernels) run_limited kernels "$limit" bash -c 'kernels "$@"' kernels "${KERNEL_TESTS[@]}"; kernel_failures ;;
     step_nova) run_limited step_nova "$limit" $PY benchmarks/gpu/nova.py --out "$OUT" "${NOVA[@]}" ;;
     step_harmon) run_limited step_harmon "$limit" $PY benchmarks/gpu/harmon.py --out "$OUT" "${HARMON[@]}" ;;
-    ops) run_limited ops "$limit" $PY -m margrpo.bench.ops --device "$DEV" "${OPS[@]}" --json "$OUT/ops.json" ;;
+    ops) cp margrpo/ops/backend_table.json "$OUT/backend_table.json"
+      run_limited ops "$limit" $PY -m margrpo.bench.ops --device "$DEV" "${OPS[@]}" --json "$OUT/ops.json"
+      # from the rows written so far (a timed-out run keeps them), outside the phase's limit (a second)
+      $PY -m margrpo.bench.ops --from-json "$OUT/ops.json" --write-table "$OUT/backend_table.json" 2>&1 | tail -n 1 ;;
     denoise) run_limited denoise "$limit" $PY -m margrpo.bench.denoise --device "$DEV" "${DENOISE[@]}" \
       --json "$OUT/denoise.json" ;;
     rollout) run_limited rollout "$limit" $PY -m margrpo.bench.rollout --device "$DEV" "${ROLLOUT[@]}" \

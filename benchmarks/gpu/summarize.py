@@ -1,4 +1,6 @@
-"""Print the GPU run as markdown: step status, then one table per benchmark JSON ({machine, rows})."""
+"""Print the GPU run as markdown: step status, the kernel tests (failures, then pass/fail per op x
+backend x dtype), then one table per benchmark JSON ({machine, rows}); for the ops, the shapes where
+no margrpo backend beats eager or torch.compile."""
 from __future__ import annotations
 
 import json
@@ -22,6 +24,19 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _losses(name: str, rows: list[dict]) -> str:
+    """For the ops: where no margrpo backend beats eager or torch.compile (margrpo.bench.table)."""
+    if name != "ops":
+        return ""
+    try:
+        from margrpo.bench.table import verdicts
+
+        lines = verdicts(rows)
+    except (ImportError, KeyError, TypeError, ValueError) as err:
+        return f"\n\n(verdicts unavailable: {err})"
+    return "\n\n" + ("\n".join(["where margrpo loses:"] + lines) if lines else "margrpo beats eager and compile at every shape")
+
+
 def summarize(out: Path) -> str:
     parts = [f"# GPU run: {out}"]
     status = out / "status.txt"
@@ -29,11 +44,16 @@ def summarize(out: Path) -> str:
         parts.append("## steps\n```\n" + status.read_text().strip() + "\n```")
     failures, log = out / "kernels_failures.txt", out / "kernels.log"
     if log.exists():
-        totals = [line for line in log.read_text(errors="replace").splitlines()
-                  if re.search(r"\d+ (passed|failed|errors?)\b.* in [\d.]+s", line)]
+        # one line per test file (run.sh: `FILE rc=N <pytest totals>`), else a single run's totals
+        lines = log.read_text(errors="replace").splitlines()
+        totals = [line for line in lines if re.match(r"tests/\S+\.py rc=", line)] or \
+            [line for line in lines if re.search(r"\d+ (passed|failed|errors?)\b.* in [\d.]+s", line)][-1:]
         listed = failures.read_text(errors="replace").splitlines() if failures.exists() else []
-        parts.append("## kernels\n```\n" + "\n".join((totals[-1:] or ["(no pytest summary: cut short?)"]) + listed[:60])
+        parts.append("## kernels\n```\n" + "\n".join((totals or ["(no pytest summary: cut short?)"]) + listed[:60])
                      + (f"\n... {len(listed) - 60} more in {failures.name}" if len(listed) > 60 else "") + "\n```")
+    kernel_table = out / "kernels_table.md"
+    if kernel_table.exists():
+        parts.append("## kernel tests per op x backend x dtype\n" + kernel_table.read_text().strip())
     for path in sorted(out.glob("*.json")):
         try:
             data = json.loads(path.read_text())
@@ -46,7 +66,7 @@ def summarize(out: Path) -> str:
             headline = {k: v for k, v in data.items() if "speedup" in k or k == "meets_target"}
             extra = f"\n\n{json.dumps(headline)}" if headline else ""
             parts.append(f"## {path.stem}\n{_cell(machine) if not isinstance(machine, dict) else json.dumps(machine)}"
-                         f"\n\n{table(rows)}{extra}")
+                         f"\n\n{table(rows)}{extra}{_losses(path.stem, rows)}")
     return "\n\n".join(parts)
 
 
