@@ -232,3 +232,20 @@ def test_mean_cosine_separates_aligned_from_orthogonal_estimators():
     assert cosine > 0.8 and low > 0.6
     cosine, low, high = diagnostics.mean_cosine(a, orthogonal)
     assert abs(cosine) < 0.3 and low < 0 < high
+
+
+def test_self_consistency_is_one_when_the_policy_draws_data(tmp_path, tiny_checkpoint):
+    """Scoring a rollout against its own tokens as "data" gives ratio 1 in every bin; other data gives
+    other errors; a shape mismatch is named."""
+    trainer = make(tmp_path, tiny_checkpoint)
+    _, rollout = trainer.rollout(0)
+    same = diagnostics.head_self_consistency(trainer, rollout, rollout.tokens.clone(), draws=4, edges=(0, 500, 1000))
+    assert same.policy_error == pytest.approx(same.data_error, rel=1e-6)
+    assert all(e > 0 for e in same.policy_error)
+    other = diagnostics.head_self_consistency(trainer, rollout, torch.rand_like(rollout.tokens) * 2 - 1, draws=4,
+                                              edges=(0, 500, 1000))
+    assert other.policy_error == pytest.approx(same.policy_error)
+    assert other.data_error != pytest.approx(same.data_error, rel=1e-9, abs=0)
+    assert "ratio" in other.table()
+    with pytest.raises(ValueError, match="data_tokens"):
+        diagnostics.head_self_consistency(trainer, rollout, rollout.tokens[:1])

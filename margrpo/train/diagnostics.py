@@ -80,6 +80,51 @@ def _matching_log_ratio(trainer, rollout) -> float:
     return float((scores[1] - scores[0]).abs().max()) if scores[0].numel() else 0.0
 
 
+@dataclass
+class SelfConsistency:
+    """The frozen head's denoising error (the matching estimator's 1/2 sum_c (f - y)^2, per token and
+    draw) on the rollout's own committed tokens against data tokens of the same prompts, by training
+    time bin: a head far less accurate on the policy's tokens than on data scores them by its own
+    mismatch, which the matching estimator then learns from."""
+
+    bins: list[tuple[int, int]]
+    policy_error: list[float]
+    data_error: list[float]
+
+    def table(self) -> str:
+        lines = ["head self-consistency: denoising error on the policy's committed tokens vs data tokens",
+                 f"  {'t bin':>11} {'policy':>9} {'data':>9} {'ratio':>7}"]
+        for (low, high), p, d in zip(self.bins, self.policy_error, self.data_error):
+            lines.append(f"  [{low:>4}, {high:>4}) {p:>9.4f} {d:>9.4f} {p / max(d, 1e-30):>7.2f}")
+        return "\n".join(lines)
+
+
+def head_self_consistency(trainer, rollout, data_tokens: torch.Tensor, draws: int = 16,
+                          edges: tuple[int, ...] = (0, 50, 150, 400, 700, 1000)) -> SelfConsistency:
+    """SelfConsistency of `rollout` (recorded mask steps, committed tokens) against `data_tokens`
+    [B, N, C] (e.g. ground-truth latents of the same prompts), scored on the same draws and canvases
+    built the same way (the data's own tokens as context). DDPM heads (integer training times)."""
+    from margrpo.grpo.matching import draw_matching, matching_values
+
+    if data_tokens.shape != rollout.tokens.shape:
+        raise ValueError(f"data_tokens: got shape {tuple(data_tokens.shape)}, expected {tuple(rollout.tokens.shape)}")
+    data = dataclasses.replace(rollout, tokens=data_tokens.to(rollout.tokens))
+    drawn = draw_matching(rollout, draws)
+    times = torch.cat(drawn.times, 2).double()
+    errors = []
+    with torch.no_grad():
+        for source in (rollout, data):
+            values = matching_values(trainer.policy, source, drawn, cfg=trainer.config.grpo.likelihood_cfg)
+            errors.append(0.5 * (values.prediction.double() - values.target.double()).pow(2).sum(-1))
+    bins = list(zip(edges[:-1], edges[1:]))
+    policy, dataset = [], []
+    for low, high in bins:
+        inside = (times >= low) & (times < high)
+        policy.append(float(errors[0][inside].mean()) if inside.any() else math.nan)
+        dataset.append(float(errors[1][inside].mean()) if inside.any() else math.nan)
+    return SelfConsistency(bins, policy, dataset)
+
+
 def zero_variance_fraction(rewards: torch.Tensor, group_size: int) -> float:
     """Fraction of groups (consecutive `group_size` rewards) whose rewards are all equal."""
     flat = zero_variance_groups(rewards.flatten(), group_size)
@@ -333,6 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compare", metavar="grpo.KEY=A,B", default=None,
                         help="with --variance: the variants compared (default grpo.mte=true,false), e.g. "
                              "grpo.group_noise=independent,common")
+    parser.add_argument("--self-consistency", action="store_true",
+                        help="also the head's denoising error on the policy's tokens vs data tokens (ShapesWorld)")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     variants = None
@@ -347,6 +394,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--etas: got {args.etas!r}, expected a comma list starting with 0 (the baseline)")
     trainer = Trainer.from_files(args.config, args.overrides + ["run.resume=never"], create_run_dir=False)
     print(diagnose(trainer, etas, args.samples).table())
+    if args.self_consistency:
+        if not hasattr(trainer.policy, "encode_images"):
+            parser.error("--self-consistency: needs a backbone with encode_images (the tiny ShapesWorld model)")
+        from margrpo.testbed.render import render_batch
+
+        prompts, rollout = trainer.rollout(trainer.step)
+        size = trainer.policy.config.image_size
+        data = trainer.policy.encode_images(render_batch(prompts, 12_345, size).to(rollout.tokens.device))
+        print(head_self_consistency(trainer, rollout, data).table())
     if args.variance:
         print(f"policy-gradient variance over {args.variance} rollouts (same rollouts for each variant):")
         print(f"  {'variant':<22} {'|mean g|^2':>11} {'tr Cov':>11} {'relative':>9} {'|E g|^2 est':>12}"
