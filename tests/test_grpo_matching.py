@@ -360,3 +360,21 @@ def test_diagnose_checks_the_matching_ratio(tmp_path_factory, tmp_path):
     _, rollout = trainer.rollout(0)
     assert rollout.num_transitions == 0 and recorded_logp_error(rollout) == 0.0
     assert first_update_log_ratio(trainer, rollout) < 1e-5
+
+
+def test_time_range_limits_the_draws(tiny):
+    model, sampler = tiny
+    rollout = _rollout(model, sampler)
+    draws = draw_matching(rollout, 8, (0.25, 0.5))
+    times = torch.cat(draws.times, 2)
+    assert int(times.min()) >= 250 and int(times.max()) < 500
+    full = torch.cat(draw_matching(rollout, 8).times, 2)
+    assert int(full.max()) >= 500  # the default covers the whole process
+
+
+@pytest.mark.parametrize("bad", ["[0.5, 0.5]", "[-0.1, 1.0]", "[0.0, 1.5]", "[0.2]"])
+def test_config_refuses_a_bad_time_range(bad):
+    from margrpo.train.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="grpo.matching_times"):
+        load_config(None, [f"grpo.matching_times={bad}"])

@@ -74,6 +74,8 @@ class GRPOConfig:
     # denoising loss on forward-noised draws of each committed token: margrpo.grpo.matching)
     estimator: Literal["transition", "matching"] = "transition"
     matching_draws: int = 4  # matching: (time, noise) draws per committed token
+    # matching: the fraction [start, stop) of the head's training times the draws cover (0 = clean)
+    matching_times: list[float] = field(default_factory=lambda: [0.0, 1.0])
     likelihood_cfg: Literal["rollout", "none"] = "rollout"  # none: the reference code's unguided likelihood
     # the std of the training Gaussians: the current policy's (learned-range: a function of z, with
     # gradient), or recorded_main: the std trajectory 0 was sampled with (Rollout.sampled_std under the

@@ -69,12 +69,17 @@ class MatchingDraws:
         return MatchingDraws(self.times, self.noise, active)
 
 
-def train_times(sampler, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
-    """Training times as the head was trained: uniform integer steps (DDPM) or uniform sigmas (flow)."""
+def train_times(sampler, shape: tuple[int, ...], generator: torch.Generator,
+                time_range: tuple[float, float] = (0.0, 1.0)) -> torch.Tensor:
+    """Training times as the head was trained, uniform over the fraction `time_range` of the training
+    process (0 = clean): integer steps (DDPM) or sigmas (flow)."""
+    low, high = time_range
     if isinstance(sampler, DDPMSampler):
-        return torch.randint(0, sampler.num_train_timesteps, shape, generator=generator)
+        n = sampler.num_train_timesteps
+        first, stop = int(round(low * n)), max(int(round(high * n)), int(round(low * n)) + 1)
+        return torch.randint(first, min(stop, n), shape, generator=generator)
     if isinstance(sampler, FlowSDESampler):
-        return torch.rand(shape, generator=generator, dtype=torch.float64)
+        return low + (high - low) * torch.rand(shape, generator=generator, dtype=torch.float64)
     raise TypeError(f"sampler: got {type(sampler).__name__}, expected a DDPMSampler or FlowSDESampler "
                     "(the matching estimator needs the head's training-time forward process)")
 
@@ -84,7 +89,7 @@ def _draw_seed(sample_seed: int) -> int:
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
 
 
-def draw_matching(rollout: Rollout, num_draws: int) -> MatchingDraws:
+def draw_matching(rollout: Rollout, num_draws: int, time_range: tuple[float, float] = (0.0, 1.0)) -> MatchingDraws:
     """D = num_draws (time, noise) draws for every committed token of the rollout's recorded mask
     steps. Each image draws from its own CPU generator, seeded by its sample seed, so its draws do not
     depend on what else shares the batch; the old, new and reference scores all read these."""
@@ -95,7 +100,7 @@ def draw_matching(rollout: Rollout, num_draws: int) -> MatchingDraws:
     per_image = []
     for seed in rollout.seeds.tolist():
         generator = torch.Generator().manual_seed(_draw_seed(seed))
-        per_image.append([(train_times(rollout.sampler, (num_draws, n), generator),
+        per_image.append([(train_times(rollout.sampler, (num_draws, n), generator, time_range),
                            torch.randn(num_draws, n, C, generator=generator, dtype=torch.float64)) for n in counts])
     times = [torch.stack([image[j][0] for image in per_image], 1).to(device) for j in range(len(counts))]
     noise = [torch.stack([image[j][1] for image in per_image], 1).to(device, dtype) for j in range(len(counts))]
@@ -236,7 +241,7 @@ def prepare_matching(policy, reference_context, rollout: Rollout, config, batche
     uncertain_scored = None
     if config.mte:  # more draws for the most uncertain tokens, at the uniform budget's cost
         base, extra = draw_counts(config.matching_draws, config.mte_ratio)
-        draws = draw_matching(rollout, base + extra)
+        draws = draw_matching(rollout, base + extra, tuple(config.matching_times))
         uncertain = mte_mask(rollout.seed_tokens, config.mte_ratio, k_rule=config.mte_k,
                              random_positions=config.mte_random_positions)[..., 0]  # [B, N]
         active, picked = [], []
@@ -248,7 +253,7 @@ def prepare_matching(policy, reference_context, rollout: Rollout, config, batche
         draws = draws.with_active(active)
         uncertain_scored = torch.cat(picked, 1)
     else:
-        draws = draw_matching(rollout, config.matching_draws)
+        draws = draw_matching(rollout, config.matching_draws, tuple(config.matching_times))
     keep = torch.ones(rollout.batch_size, sum(rollout.step_revealed(j) for j in range(rollout.plan.num_mask_steps)),
                       dtype=torch.bool, device=rollout.tokens.device)
     if samples is not None:

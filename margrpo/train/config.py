@@ -202,6 +202,9 @@ RULES = (
     Rule("grpo.consistency_threshold", lambda v, c: finite(v), "a finite number"),
     Rule("grpo.consistency_start_step", _at_least(0), "an integer >= 0"),
     Rule("grpo.matching_draws", _at_least(1), "an integer >= 1"),
+    Rule("grpo.matching_times", lambda v, c: isinstance(v, (list, tuple)) and len(v) == 2
+         and all(finite(x) for x in v) and 0 <= v[0] < v[1] <= 1,
+         "[start, stop] with 0 <= start < stop <= 1 (fractions of the head's training times, 0 = clean)"),
     Rule("grpo.estimator", lambda v, c: v == "transition" or c.rollout.known_mask == "pre_step",
          "transition, or matching with rollout.known_mask: pre_step (matching scores each token under the "
          "canvas it was sampled from)"),

@@ -67,7 +67,7 @@ def _matching_log_ratio(trainer, rollout) -> float:
     from margrpo.grpo.matching import draw_matching, matching_score, matching_values
 
     config, policy = trainer.config.grpo, trainer.policy
-    draws = draw_matching(rollout, config.matching_draws)
+    draws = draw_matching(rollout, config.matching_draws, tuple(config.matching_times))
     was_training = policy.training
     scores = []
     with torch.no_grad(), torch.autocast(rollout.tokens.device.type, dtype=torch.bfloat16,
