@@ -9,6 +9,7 @@ Heads (official parameter names):
 Sampling and training:
   multi_seed_denoise(head, z, sampler, num_seeds, cfg, ...) -> MultiSeedSamples
   denoise_logprob(head, z, sampler, record, cfg)            -> [R, K+1, N] with grad to z
+  transitions_logprob(head, z, sampler, steps, x_t, x_prev)  the same from the recorded tensors alone
   Guidance (CFG), CounterNoise (batch-independent noise)
   GraphedMultiSeed                                          the same, T-step loop in a CUDA graph
 Weights: load_head_state_dict, head_from_state_dict, reinit_zero_layers_ (tests).
@@ -18,13 +19,21 @@ from .cfg import Guidance
 from .cuda_graph import GraphedMultiSeed
 from .layers import Modulation
 from .mar_head import MAR_SIZES, SimpleMLPAdaLN, mar_head
-from .multi_seed import MultiSeedSamples, denoise_logprob, guided_output, multi_seed_denoise, run_chains
+from .multi_seed import (
+    MultiSeedSamples,
+    denoise_logprob,
+    guided_output,
+    multi_seed_denoise,
+    run_chains,
+    transitions_logprob,
+)
 from .noise import CounterNoise, counter_normal
 from .protocol import DiffusionHead
 from .nova_head import NOVA_SIZES, DiffusionMLP, nova_head, patchify, unpatchify
 from .weights import head_from_state_dict, load_head_state_dict, reinit_zero_layers_, strip_prefix
 
 __all__ = [
+    "transitions_logprob",
     "DiffusionHead", "ForwardHead", "MARLayoutHead", "adapt", "has_mar_layout",
     "Guidance", "GraphedMultiSeed", "Modulation", "MAR_SIZES", "SimpleMLPAdaLN", "mar_head", "MultiSeedSamples", "denoise_logprob",
     "guided_output", "multi_seed_denoise", "run_chains", "CounterNoise", "counter_normal", "NOVA_SIZES", "DiffusionMLP",

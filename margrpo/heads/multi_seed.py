@@ -176,20 +176,41 @@ def denoise_logprob(
     backend: str | None = None,
     return_mean: bool = False,
 ):
-    """Log-probs [R, K+1, N] of the recorded transitions under a new z (training recomputation).
+    """Log-probs [R, K+1, N] of the recorded transitions of `record` (multi_seed_denoise's result)
+    under a new z (training recomputation): transitions_logprob on its steps, x_t and x_prev."""
+    return transitions_logprob(head, z, sampler, record.steps, record.x_t, record.x_prev, cfg=cfg,
+                               temperature=temperature, backend=backend, return_mean=return_mean)
+
+
+def transitions_logprob(
+    head,
+    z: torch.Tensor,
+    sampler,
+    steps,
+    x_t: torch.Tensor,
+    x_prev: torch.Tensor,
+    cfg: Guidance | None = None,
+    temperature: float = 1.0,
+    backend: str | None = None,
+    return_mean: bool = False,
+):
+    """Log-probs [R, K+1, N] of the transitions x_t -> x_prev [R, K+1, N, C] at diffusion `steps` (R
+    ascending indices) under condition z.
 
     Gradients flow to z through the head (whose parameters may be frozen: requires_grad False keeps
-    the graph to z). All R recorded steps go through the head in one batched call; the recorded
-    x_t / x_prev are treated as data. With return_mean, also the sampler means [R, K+1, N, C]
-    (e.g. for a Gaussian KL against a reference policy).
+    the graph to z). All R steps go through the head in one batched call; x_t / x_prev are treated
+    as data. With return_mean, also the sampler means [R, K+1, N, C] (e.g. for a Gaussian KL against
+    a reference policy).
     """
     rows = _condition_rows(head, z, cfg)
     _check_channels(head, sampler)
-    steps = _check_steps(record.steps, sampler.num_steps)
+    steps = _check_steps(steps, sampler.num_steps)
     acc = _acc_dtype(z)
-    x_t, x_prev = record.x_t.detach().to(acc), record.x_prev.detach().to(acc)
+    x_t, x_prev = x_t.detach().to(acc), x_prev.detach().to(acc)
     if x_t.dim() != 4 or x_t.shape[0] != len(steps) or x_t.shape[2] != rows.shape[-2]:
-        raise ValueError(f"record.x_t: got shape {tuple(x_t.shape)}, expected [R={len(steps)}, K+1, N={rows.shape[-2]}, C]")
+        raise ValueError(f"x_t: got shape {tuple(x_t.shape)}, expected [R={len(steps)}, K+1, N={rows.shape[-2]}, C]")
+    if x_prev.shape != x_t.shape:
+        raise ValueError(f"x_prev: got shape {tuple(x_prev.shape)}, expected {tuple(x_t.shape)} like x_t")
     if not steps:
         empty = x_t.new_zeros(x_t.shape[:-1])
         return (empty, x_t.clone()) if return_mean else empty

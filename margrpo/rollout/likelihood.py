@@ -4,7 +4,7 @@ backbone, with gradient to the backbone's parameters through the frozen diffusio
 For each recorded mask step the backbone recomputes z from the canvas and known mask of the step's
 training forward (Rollout.canvas_known: before the step by default, so the step's own tokens get
 gradient; after it with the post-step known mask), the head re-evaluates the recorded diffusion
-transitions of all T = 1 + K trajectories under that z (margrpo.heads.denoise_logprob), and the
+transitions of all T = 1 + K trajectories under that z (margrpo.heads.transitions_logprob), and the
 sampler's Gaussian gives their log-probabilities. Called with the rollout's own policy this reproduces the recorded
 log-probs (ratio 1: exact in float64, to rounding in float32), which an on-policy PPO/GRPO step
 relies on.
@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 import torch
 
-from margrpo.heads import MultiSeedSamples, denoise_logprob
+from margrpo.heads import transitions_logprob
 from margrpo.models.base import check_backbone
 
 from .guidance import forward_rows, guidance_for, head_condition, prompt_rows
-from .record import RECORDED, Rollout, head_to_rollout, rollout_to_head
+from .record import Rollout, head_to_rollout, rollout_to_head
 
 LIKELIHOOD_CFG = ("rollout", "none")
 
@@ -75,14 +75,10 @@ def rollout_logprob(
         z = forward_rows(backbone, rows, canvas, known, rollout.known_count(j))
         z_rows = head_condition(z, rows, positions)
         part = rollout.l_slice(j)
-        # denoise_logprob reads the recorded steps, x_t and x_prev; the rest rides along as recorded
-        record = MultiSeedSamples(
-            x0=rollout.tokens.new_zeros(0),
-            steps=rollout.plan.diffusion_steps[j],
-            **{name: rollout_to_head(getattr(rollout, name)[:, :, part], R, P) for name in RECORDED},
-        )
-        logp, mean = denoise_logprob(
-            backbone.head, z_rows, rollout.sampler, record,
+        # only x_t and x_prev are read: the head batches them as [R, T, B * P_j, C]
+        x_t, x_prev = (rollout_to_head(values[:, :, part], R, P) for values in (rollout.x_t, rollout.x_prev))
+        logp, mean = transitions_logprob(
+            backbone.head, z_rows, rollout.sampler, rollout.plan.diffusion_steps[j], x_t, x_prev,
             cfg=guidance_for(rollout.config, rollout.cfg_scales[j], guided=guided),
             temperature=rollout.config.temperature, return_mean=True,
         )
