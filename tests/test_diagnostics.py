@@ -249,3 +249,22 @@ def test_self_consistency_is_one_when_the_policy_draws_data(tmp_path, tiny_check
     assert "ratio" in other.table()
     with pytest.raises(ValueError, match="data_tokens"):
         diagnostics.head_self_consistency(trainer, rollout, rollout.tokens[:1])
+
+
+def test_variants_may_change_rollout_settings_and_are_restored(tmp_path, tiny_checkpoint):
+    trainer = make(tmp_path, tiny_checkpoint, "rewards={test_diagnostics_brightness: 1.0}")
+    variants = {"base": {}, "colder": {"rollout.temperature": 0.5}, "matching": {"grpo.estimator": "matching",
+                                                                                 "grpo.mte": False}}
+    base, colder, matching = diagnostics.gradient_variance(trainer, rollouts=2, variants=variants)
+    assert not torch.allclose(base.flat, colder.flat)  # the rollouts were drawn at another temperature
+    assert not torch.allclose(base.flat, matching.flat)
+    assert trainer.config.rollout.temperature == 1.0 and trainer.config.grpo.estimator == "transition"
+    assert trainer.config.grpo.mte is True
+
+
+def test_diagnose_variant_names_a_bad_setting():
+    for spec in ("a:grpo.nonsense=1", "a:rollout.nope=2", "a:other.mte=true"):
+        with pytest.raises(SystemExit) as exit_info:
+            diagnostics.main(["--config", "configs/shapes-tiny.yaml", "--variance", "2", "--variant", spec,
+                              "--variant", "b:"])
+        assert exit_info.value.code == 2

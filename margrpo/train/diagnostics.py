@@ -29,6 +29,7 @@ import torch
 import yaml
 
 from margrpo.grpo import GRPOConfig
+from margrpo.rollout import RolloutConfig
 from margrpo.grpo.advantages import zero_variance_groups
 from margrpo.ops import reference as ops_reference
 
@@ -292,19 +293,22 @@ def mean_cosine(a: GradientVariance, b: GradientVariance, resamples: int = 4000,
 def gradient_variance(trainer, rollouts: int = 6, variants: dict[str, dict[str, object]] | None = None
                       ) -> list[GradientVariance]:
     """The variance of the update direction over `rollouts` independent steps, for each variant of
-    grpo settings (default: with and without MTE), the same rollouts for every variant (paired)."""
+    settings (default: with and without MTE; keys "grpo.X" or "rollout.X", a bare name is a grpo
+    setting), the same steps (prompts, seeds, plans) for every variant (paired)."""
     if rollouts < 2:
         raise ValueError(f"rollouts: got {rollouts}, expected >= 2 (a variance needs two samples)")
     variants = variants or {"with MTE": {"mte": True}, "without MTE": {"mte": False}}
-    grpo = trainer.config.grpo
-    saved = {key: getattr(grpo, key) for change in variants.values() for key in change}
+
+    def target(key: str):  # "rollout.X" or "grpo.X" (a bare name is a grpo setting) -> (section, field)
+        section, _, name = key.rpartition(".")
+        return getattr(trainer.config, section or "grpo"), name
+
+    saved = {key: getattr(*target(key)) for change in variants.values() for key in change}
     out = []
     try:
         for name, change in variants.items():
-            for key, value in saved.items():
-                setattr(grpo, key, value)
-            for key, value in change.items():
-                setattr(grpo, key, value)
+            for key, value in {**saved, **change}.items():
+                setattr(*target(key), value)
             flat = torch.stack([torch.cat([g.flatten() for g in _step_gradient(trainer, step)]).double()
                                 for step in range(rollouts)])
             mean = flat.mean(0)
@@ -314,7 +318,7 @@ def gradient_variance(trainer, rollouts: int = 6, variants: dict[str, dict[str, 
                                         gram=flat @ flat.T, flat=flat))
     finally:
         for key, value in saved.items():
-            setattr(grpo, key, value)
+            setattr(*target(key), value)
     return out
 
 
@@ -378,6 +382,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compare", metavar="grpo.KEY=A,B", default=None,
                         help="with --variance: the variants compared (default grpo.mte=true,false), e.g. "
                              "grpo.group_noise=independent,common")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=V[,KEY=V]",
+                        help="with --variance, repeatable (instead of --compare): a named set of grpo./rollout. "
+                             "settings, e.g. mte:grpo.mte=true; each is compared with the first")
     parser.add_argument("--self-consistency", action="store_true",
                         help="also the head's denoising error on the policy's tokens vs data tokens (ShapesWorld)")
     parser.add_argument("overrides", nargs="*")
@@ -389,6 +396,21 @@ def main(argv: list[str] | None = None) -> int:
         if not values or setting not in {f.name for f in dataclasses.fields(GRPOConfig)}:
             parser.error(f"--compare: got {args.compare!r}, expected grpo.KEY=A,B with KEY a grpo setting")
         variants = {f"{setting}={v}": {setting: yaml.safe_load(v)} for v in values.split(",")}
+    if args.variant:
+        variants = {}
+        for spec in args.variant:
+            name, _, settings = spec.partition(":")
+            change = {}
+            for item in filter(None, settings.split(",")):
+                key, _, value = item.partition("=")
+                section, _, field_name = key.rpartition(".")
+                known = {"grpo": GRPOConfig, "rollout": RolloutConfig}.get(section or "grpo")
+                if not value or known is None or field_name not in {f.name for f in dataclasses.fields(known)}:
+                    parser.error(f"--variant: got {item!r} in {spec!r}, expected grpo.KEY=V or rollout.KEY=V")
+                change[key] = yaml.safe_load(value)
+            variants[name] = change
+        if len(variants) < 2:
+            parser.error("--variant: give at least two")
     etas = [float(x) for x in args.etas.split(",") if x.strip()]
     if not etas or etas[0] != 0.0:
         parser.error(f"--etas: got {args.etas!r}, expected a comma list starting with 0 (the baseline)")
@@ -412,9 +434,10 @@ def main(argv: list[str] | None = None) -> int:
             snr_low, snr_high = signal_to_noise_interval(v)
             print(f"  {v.variant:<22} {v.mean_sq_norm:>11.4g} {v.total_variance:>11.4g} {v.relative_variance:>9.3f}"
                   f" {v.signal_sq_norm:>12.4g} {v.signal_to_noise:>9.4f} [{snr_low:>9.4f}, {snr_high:>9.4f}]")
-        ratio, low, high = variance_ratio(results[0], results[1])
-        print(f"  tr Cov {results[0].variant} / {results[1].variant}: {ratio:.3f} "
-              f"(95% paired bootstrap over rollouts: [{low:.3f}, {high:.3f}])")
-        cosine, low, high = mean_cosine(results[0], results[1])
-        print(f"  cosine of the mean gradients: {cosine:.3f} (95% paired bootstrap: [{low:.3f}, {high:.3f}])")
+        base = results[0]
+        for other in results[1:]:
+            ratio, low, high = variance_ratio(other, base)
+            cosine, c_low, c_high = mean_cosine(other, base)
+            print(f"  {other.variant} vs {base.variant}: tr Cov ratio {ratio:.3f} [{low:.3f}, {high:.3f}], "
+                  f"cosine of the mean gradients {cosine:.3f} [{c_low:.3f}, {c_high:.3f}] (95% paired bootstrap)")
     return 0
