@@ -401,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         for spec in args.variant:
             name, _, settings = spec.partition(":")
             change = {}
-            for item in filter(None, settings.split(",")):
+            for item in filter(None, re.split(r",(?![^\[]*\])", settings)):  # commas inside [..] stay
                 key, _, value = item.partition("=")
                 section, _, field_name = key.rpartition(".")
                 known = {"grpo": GRPOConfig, "rollout": RolloutConfig}.get(section or "grpo")
