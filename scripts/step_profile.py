@@ -78,8 +78,9 @@ def count_calls(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any,
         result = fn(*args, **kwargs)
     finally:
         sys.setprofile(previous)
-        threading.setprofile(None)  # type: ignore[arg-type]  # None removes the hook
-    functions = frozenset(Function(code.co_filename, code.co_firstlineno, code.co_qualname)
+        threading.setprofile(None)  # None removes the hook
+    # co_qualname (Class.method) is Python 3.11+; 3.10 has the bare name only
+    functions = frozenset(Function(code.co_filename, code.co_firstlineno, getattr(code, "co_qualname", code.co_name))
                           for code in codes if code.co_name not in NOT_FUNCTIONS)
     return result, CallCount(functions)
 

@@ -12,6 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 spec = importlib.util.spec_from_file_location("step_profile", ROOT / "scripts" / "step_profile.py")
+assert spec is not None and spec.loader is not None
 step_profile = importlib.util.module_from_spec(spec)
 sys.modules["step_profile"] = step_profile  # dataclasses look their module up while the class is built
 spec.loader.exec_module(step_profile)

@@ -190,7 +190,7 @@ def per_token(values: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
 
 def _check_temperature(temperature) -> None:
     if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not (
-        math.isfinite(temperature) and temperature >= 0
+        math.isfinite(temperature) and float(temperature) >= 0
     ):
         raise ValueError(f"temperature: got {temperature!r}, expected a finite float >= 0")
 

@@ -68,9 +68,9 @@ def space_timesteps(num_train_timesteps: int, section_counts: str | Sequence[int
     if isinstance(section_counts, str):
         if section_counts.startswith("ddim"):
             desired = _parse_int("section_counts", section_counts[len("ddim") :], section_counts)
-            for stride in range(1, n):
-                if len(range(0, n, stride)) == desired:
-                    return sorted(range(0, n, stride), reverse=True)
+            for s in range(1, n):
+                if len(range(0, n, s)) == desired:
+                    return sorted(range(0, n, s), reverse=True)
             raise ValueError(
                 f"section_counts: got {section_counts!r}; no integer stride gives exactly {desired} of {n} steps"
             )

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import re
 from functools import partial
+from typing import Any
 
 import torch
 from torch import nn
@@ -65,7 +66,7 @@ class ImageRewardNet(nn.Module):
         from transformers import BlipTextConfig
         from transformers.models.blip.modeling_blip_text import BlipTextModel
 
-        self.blip = nn.Module()
+        self.blip: Any = nn.Module()  # a bare container, for the release's names; its children are set below
         self.blip.visual_encoder = VisionTransformer(
             **vit, mlp_ratio=4.0, qkv_bias=True, norm_layer=partial(nn.LayerNorm, eps=1e-6),
             num_classes=0, global_pool="")

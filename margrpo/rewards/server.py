@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
@@ -71,7 +71,7 @@ class RewardServer:
 
     @property
     def url(self) -> str:
-        host, port = self.httpd.server_address[:2]
+        host, port = cast("tuple[str, int]", self.httpd.server_address[:2])  # TCP: (host, port), never bytes
         return f"http://{host}:{port}"
 
     def start(self) -> "RewardServer":

@@ -13,7 +13,9 @@ Random inits are widened where a library zero-initialises tensors, so every laye
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -78,6 +80,8 @@ def write_hf_clip(directory: Path, size: str, seed: int, large: bool = False, dt
     vocab = write_clip_tokenizer(directory)
     eos, bos = vocab["<|endoftext|>"], vocab["<|startoftext|>"]
     special = dict(eos_token_id=eos, bos_token_id=bos, pad_token_id=eos)
+    text: dict[str, Any]  # config values of every type (ints, strings, lists)
+    vision: dict[str, Any]
     if size == "tiny":
         text = dict(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                     num_attention_heads=2, max_position_embeddings=16, **special)
@@ -131,6 +135,7 @@ def write_image_reward(root: Path, size: str = "tiny") -> dict:
     _check_size(size)
     directory = root / "image_reward"
     write_bert_vocab(directory / "bert-base-uncased")
+    med: dict[str, Any]  # updated below with lists, floats and strings
     if size == "tiny":
         med = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
                "max_position_embeddings": 40, "vocab_size": len(BERT_WORDS) + 2}
@@ -246,7 +251,7 @@ def write_grounding_dino(root: Path, size: str = "tiny") -> dict:
     return {"path": str(directory)}
 
 
-WRITERS = {"hps": write_hps, "image_reward": write_image_reward, "pickscore": write_pickscore,
+WRITERS: dict[str, Callable[..., dict]] = {"hps": write_hps, "image_reward": write_image_reward, "pickscore": write_pickscore,
            "clipscore": write_clipscore, "aesthetic": write_aesthetic, "git_vqa": write_git,
            "grounding_dino": write_grounding_dino}
 

@@ -98,6 +98,7 @@ class WeightedReward:
             return (raw - raw.mean()) / (raw.std(unbiased=False) + self.eps)
         if term.normalize == "running":
             term.stats.update(raw)
+            assert term.stats.mean is not None  # update() sets it
             return (raw - term.stats.mean) / (term.stats.var ** 0.5 + self.eps)
         return raw
 

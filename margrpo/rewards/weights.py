@@ -13,6 +13,7 @@ import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -88,6 +89,7 @@ def read_state_dict(spec: WeightsSpec, path: Path) -> dict[str, torch.Tensor]:
     Unwraps a {'state_dict': ...} or {'model': ...} container and a DistributedDataParallel
     'module.' prefix, the two shapes published reward checkpoints come in.
     """
+    state: Any  # a dict of tensors once checked below; torch.load may return anything
     try:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file
