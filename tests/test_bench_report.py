@@ -223,7 +223,7 @@ def test_host_report_structure(tmp_path, capsys):
         assert 0 < r.min_us <= r.p20_us <= r.p50_us <= r.p80_us and r.rounds == 4 and r.us_per_call == r.p50_us
     assert len(order) == 4 and all(sorted(o) == sorted(r.primitive for r in rows) for o in order)
     out = tmp_path / "host.json"
-    assert bench_host.main(["--json", str(out)]) == 0
+    assert bench_host.main(["--sections", "heads", "--json", str(out)]) == 0
     data = json.loads(out.read_text())
     _assert_header(capsys.readouterr().out, data["machine"])
     assert {"adaln", "launches", "adaln_order"} <= set(data) and len(data["adaln_order"]) == data["adaln"][0]["rounds"]

@@ -10,9 +10,13 @@
            under a dispatch mode (margrpo.bench.op_counts) plus one per Triton kernel call, on the
            torch and the triton path.
 
-Tensors live on the meta device (shapes only), so the figures are the host's alone.
+  ops      CPU microseconds per call of each public op (margrpo.ops) against its raw kernel call
+           torch.ops.margrpo.<op>_fwd, on tiny tensors and at the NOVA shape (margrpo.bench.host_ops).
+
+adaln and launches: tensors live on the meta device (shapes only), so the figures are the host's alone.
 
     margrpo bench host --json host.json
+    margrpo bench host --sections ops --rounds 21
 """
 from __future__ import annotations
 
@@ -24,12 +28,13 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from margrpo.bench.machine import header, machine_description
+from margrpo.bench.machine import header, load_average, machine_description, split_choices
 from margrpo.bench.timing import interleave
 from margrpo.bench.op_counts import count_ops
 from margrpo.heads import Guidance, layers, mar_head, nova_head
 from margrpo.heads.multi_seed import guided_output
 
+SECTIONS = ("ops", "heads")  # heads: the adaln and launches tables
 # (name, head builder, K seed trajectories, guidance) at the real sizes of margrpo.bench.denoise
 HEADS = {
     "nova-d6w1024": (lambda: nova_head("d6w1024", 1024), 3, Guidance(5.0)),
@@ -156,9 +161,32 @@ def head_step_launches(tokens: int = 1024) -> list[LaunchRow]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="margrpo bench host", description=__doc__.split("\n")[0])
     parser.add_argument("--json", help="write the rows and the machine description to this file")
+    parser.add_argument("--sections", default=",".join(SECTIONS), help="comma list of: " + ", ".join(SECTIONS))
+    parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds of the ops section (default 15)")
     args = parser.parse_args(argv)
+    sections = split_choices(args.sections, SECTIONS, "sections")
     machine = machine_description(torch.device("cpu"))
     print(header(machine), flush=True)
+    report: dict[str, object] = {"machine": machine}
+    if "ops" in sections:
+        from margrpo.bench import host_ops
+
+        op_order: list[dict] = []
+        op_rows = host_ops.op_overhead(rounds=args.rounds, order=op_order)
+        print(host_ops.format_rows(op_rows))
+        report |= {"ops": [asdict(r) for r in op_rows], "ops_order": op_order}
+    if "heads" in sections:
+        report |= _heads()
+    report["load_average_end"] = load_average()
+    print(f"load average (1/5/15 min) at the end: {' '.join(map(str, load_average() or ['unavailable']))}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
+def _heads() -> dict[str, object]:
+    """The adaln and launches sections: printed, and returned for the JSON report."""
     order: list[list[str]] = []
     adaln, launches = adaln_overhead(order=order), head_step_launches()
     print(f"{'adaLN primitive':<15} {'x':<20} {'modulation':<16} {'rounds':>6} {'p50 us':>8} {'p20 us':>8} "
@@ -170,11 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in launches:
         print(f"{r.head:<14} {r.path:<7} {r.tokens:>5} {r.trajectories:>4} {r.aten_launches:>5} {r.triton_launches:>7} "
               f"{r.launches_per_step:>14}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"machine": machine, "adaln": [asdict(r) for r in adaln], "adaln_order": order,
-                       "launches": [asdict(r) for r in launches]}, f, indent=1)
-    return 0
+    return {"adaln": [asdict(r) for r in adaln], "adaln_order": order, "launches": [asdict(r) for r in launches]}
 
 
 if __name__ == "__main__":

@@ -52,6 +52,10 @@ class FusedOp:
                  fake: Callable, gradient: Gradient | None = None):
         self.name, self.module, self.kernels, self.gradient = name, module, kernels, gradient
         self.forward = forward
+        # the positions of the schema's tensor arguments: the eager route asks only them whether
+        # autograd must record the call
+        arguments = schema.split("->")[0].strip(" ()").split(", ")
+        self._tensor_inputs = tuple(i for i, a in enumerate(arguments) if a.startswith("Tensor"))
 
         def op_body(*args):
             backend = args[-1]
@@ -83,8 +87,8 @@ class FusedOp:
         elements = 0 if empty else inputs[0].numel()
         if _kernels.direct_call_allowed():
             backend, kernels = _kernels.for_eager(device, self.name, self.module, self.kernels, empty, elements)
-            tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
-            if self.gradient is not None and _kernels.needs_grad(*tensors):
+            if self.gradient is not None and torch.is_grad_enabled() and \
+                    any(inputs[i].requires_grad for i in self._tensor_inputs):
                 return self.function.apply(backend, kernels, *inputs)
             return self.forward(kernels, backend, *inputs)
         backend = "torch" if empty else _kernels.pick(device, self.name, self.module, *self.kernels, elements=elements)

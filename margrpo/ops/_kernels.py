@@ -126,8 +126,3 @@ def operand(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if t.dtype != dtype:
         t = t.to(dtype)
     return t.contiguous()
-
-
-def needs_grad(*tensors: torch.Tensor) -> bool:
-    """Whether autograd must record an op on these inputs."""
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)

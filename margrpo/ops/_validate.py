@@ -1,7 +1,14 @@
 """Argument checks shared by the public ops. Each error names the argument, what it received and
 what was expected. Only metadata is checked here (types, shapes, dtypes, devices): value checks
-that need the data (NaN, std <= 0) run inside the custom ops so they cost no graph break."""
+that need the data (NaN, std <= 0) run inside the custom ops so they cost no graph break.
+
+Metadata checks give the same answer for every call with the same signature (shapes, dtypes,
+devices, options), so the public ops remember what they derived from a signature that passed
+(`remember`): a repeated eager call skips the checks, which cost as much as the
+kernel on small inputs. While torch.compile traces, the checks run every time (once per compile)."""
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -39,6 +46,8 @@ def same_device(**tensors: torch.Tensor) -> torch.device:
 
 def all_finite(name: str, tensor: torch.Tensor, hint: str = "") -> None:
     """No NaN or infinity in `tensor` (reads the data: for eager CPU calls, where that costs no sync)."""
+    if math.isfinite(float(tensor.sum())):  # one reduction: a NaN or an infinity makes the sum one
+        return  # (a sum that overflows without either is counted below and passes)
     bad = int((~torch.isfinite(tensor)).sum())
     if bad:
         raise ValueError(f"{name}: got {bad} non-finite values of {tensor.numel()}, expected finite numbers {hint}".rstrip())
@@ -82,3 +91,16 @@ def broadcast_shape(**shapes: tuple[int, ...]) -> tuple[int, ...]:
                     raise ValueError(f"{', '.join(shapes)}: got shapes {found}, expected shapes that broadcast")
                 out[axis] = size
     return tuple(out)
+
+
+PLAN_LIMIT = 256  # signatures remembered per op; a run sees a handful (one per tensor shape it uses)
+
+
+def remember(plans: dict, key: object, plan: object) -> None:
+    """Keep `plan` (what an op derived from a call signature that passed its checks) for `key`; the
+    memo is bounded: it starts over past PLAN_LIMIT signatures (shapes that never repeat)."""
+    if key is None:
+        return
+    if len(plans) >= PLAN_LIMIT:
+        plans.clear()
+    plans[key] = plan

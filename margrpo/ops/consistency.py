@@ -30,13 +30,36 @@ def consistency_mask(prev: torch.Tensor, cur: torch.Tensor, final: torch.Tensor,
             they compute in their common dtype, with float32 (float64) accumulation.
         threshold: python float; the comparison is strict, so 0.0 keeps only real improvements.
     """
+    threshold = _validate.number("threshold", threshold)  # a value: checked on every call
+    key = plan = None
+    if not torch.compiler.is_compiling():
+        try:
+            key = (prev.shape, prev.dtype, prev.device, cur.shape, cur.dtype, cur.device, final.shape, final.dtype,
+                   final.device)
+            plan = _PLANS.get(key)
+        except (AttributeError, TypeError):  # an argument that is no tensor (the checks name it)
+            key = None
+    if plan is None:
+        plan = _plan(prev, cur, final)
+        _validate.remember(_PLANS, key, plan)
+    M, C, dtype, device, out_shape = plan
+    operand = _kernels.operand
+    flat = [operand(t.reshape(M, C), dtype) for t in (prev, cur, final)]
+    out = _OP(device, *flat, threshold, empty=M == 0)  # no positions: no kernel launch
+    return out.reshape(*out_shape) if out_shape else out.reshape(())
+
+
+_PLANS: dict[tuple, tuple] = {}  # call signature -> (M, C, dtype, device, output shape); _validate.remember
+
+
+def _plan(prev: object, cur: object, final: object) -> tuple:
+    """Every metadata check of consistency_mask's tensors; an error names the argument."""
     prev = _validate.float_tensor("prev", prev)
     cur = _validate.float_tensor("cur", cur)
     final = _validate.float_tensor("final", final)
     _validate.ndim("prev", prev, at_least=1, layout="[..., C], e.g. [B, N, C]")
     _validate.same_shape("cur", cur, prev.shape, "the shape of prev")
     _validate.same_shape("final", final, prev.shape, "the shape of prev")
-    threshold = _validate.number("threshold", threshold)
     device = _validate.same_device(prev=prev, cur=cur, final=final)
     shape = prev.shape
     C = shape[-1]
@@ -45,7 +68,4 @@ def consistency_mask(prev: torch.Tensor, cur: torch.Tensor, final: torch.Tensor,
     dtype = prev.dtype
     if not (cur.dtype == dtype and final.dtype == dtype):
         dtype = torch.promote_types(torch.promote_types(dtype, cur.dtype), final.dtype)
-    M = prev.numel() // C
-    flat = [_kernels.operand(t.reshape(M, C), dtype) for t in (prev, cur, final)]
-    out = _OP(device, *flat, threshold, empty=M == 0)  # no positions: no kernel launch
-    return out.reshape(shape[:-1])
+    return prev.numel() // C, C, dtype, device, tuple(shape[:-1])  # ints: reshape parses a Size slower

@@ -9,6 +9,8 @@ kernels give NaN for those elements (the check reads the data: a host sync on a 
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from . import _kernels, _validate, reference
@@ -72,22 +74,59 @@ def _broadcasts_to(shape: torch.Size, target: torch.Size) -> bool:
     return len(shape) <= len(target) and all(s == 1 or s == t for s, t in zip(reversed(shape), reversed(target)))
 
 
-def _std_rows(std: object, x: torch.Tensor, R: int, dtype: torch.dtype) -> torch.Tensor:
-    """std in the kernel layout, [R, 1] (per row) or [R, C] (per element), not yet in `dtype`
-    unless it was a python number (then [R, 1] of `dtype` on x's device)."""
+def _std_width(std: object, x: torch.Tensor) -> tuple[int, bool]:
+    """(width, expand) of std's kernel layout [R, width]: width 1 (per row) or C (per element), and
+    whether std must first be expanded over x's row dims (0-d, per channel, or broadcast over some of
+    them). A python number is one std for every row."""
     if isinstance(std, (int, float)) and not isinstance(std, bool):
-        return torch.full((R, 1), float(std), dtype=dtype, device=x.device)
+        return 1, False
     std = _validate.float_tensor("std", std)
-    shape, rows = std.shape, x.shape[:-1]
+    shape = std.shape
     if not _broadcasts_to(shape, x.shape):
         raise ValueError(
             f"std: got shape {tuple(shape)}, expected a python float, a 0-d tensor, [..., 1] per row "
             f"or [..., C] per element, broadcastable to x's shape {tuple(x.shape)}"
         )
     width = 1 if std.ndim == 0 or shape[-1] == 1 else x.shape[-1]
-    if shape[:-1] != rows:  # 0-d, per channel, or broadcast over some row dims
-        std = std.expand(*rows, width)
-    return std.reshape(R, width)
+    return width, shape[:-1] != x.shape[:-1]
+
+
+class _Plan(NamedTuple):
+    """What a call signature's checks derive: the kernel layout [R, C], std's width, the compute dtype."""
+
+    R: int
+    C: int
+    width: int
+    expand_std: bool
+    dtype: torch.dtype
+    device: torch.device
+    code: int
+    out_shape: tuple[int, ...]  # ints, not a torch.Size: reshape parses a Size about 1 us slower
+
+
+def _plan(x: object, mean: object, std: object, reduce: object) -> _Plan:
+    """Every metadata check of gaussian_logprob's arguments; an error names the argument."""
+    _validate.choice("reduce", reduce, _REDUCE_NAMES)
+    x = _validate.float_tensor("x", x)
+    mean = _validate.float_tensor("mean", mean)
+    _validate.ndim("x", x, at_least=1, layout="[..., C] with at least one dim")
+    _validate.same_shape("mean", mean, x.shape, "the shape of x")
+    C = x.shape[-1]
+    if C == 0:
+        raise ValueError(f"x: got shape {tuple(x.shape)}, expected at least one channel in the last dim")
+    width, expand = _std_width(std, x)
+    dtype = x.dtype if mean.dtype == x.dtype else torch.promote_types(x.dtype, mean.dtype)
+    if isinstance(std, torch.Tensor):
+        device = _validate.same_device(x=x, mean=mean, std=std)
+        dtype = torch.promote_types(dtype, std.dtype)
+    else:
+        device = _validate.same_device(x=x, mean=mean)
+    code = _REDUCE[reduce]
+    return _Plan(x.numel() // C, C, width, expand, dtype, device, code,
+                 tuple(x.shape if code == reference.REDUCE_NONE else x.shape[:-1]))
+
+
+_PLANS: dict[tuple, _Plan] = {}  # call signature -> its _Plan (see _validate.remember)
 
 
 def gaussian_logprob(x: torch.Tensor, mean: torch.Tensor, std: float | torch.Tensor, reduce: str = "sum", *,
@@ -109,22 +148,23 @@ def gaussian_logprob(x: torch.Tensor, mean: torch.Tensor, std: float | torch.Ten
     count; with check_std=False every backend returns NaN for those elements (the kernel policy), so
     a bad std stays visible without a host synchronisation.
     """
-    _validate.choice("reduce", reduce, _REDUCE_NAMES)
-    x = _validate.float_tensor("x", x)
-    mean = _validate.float_tensor("mean", mean)
-    _validate.ndim("x", x, at_least=1, layout="[..., C] with at least one dim")
-    _validate.same_shape("mean", mean, x.shape, "the shape of x")
-    C = x.shape[-1]
-    if C == 0:
-        raise ValueError(f"x: got shape {tuple(x.shape)}, expected at least one channel in the last dim")
-    R = x.numel() // C
-    dtype = x.dtype if mean.dtype == x.dtype else torch.promote_types(x.dtype, mean.dtype)
-    std2 = _std_rows(std, x, R, dtype)
-    device = _validate.same_device(x=x, mean=mean, std=std2)
-    if std2.dtype != dtype:
-        dtype = torch.promote_types(dtype, std2.dtype)
+    key = plan = None
+    if not torch.compiler.is_compiling():
+        try:
+            key = (x.shape, x.dtype, x.device, mean.shape, mean.dtype, mean.device, reduce,
+                   (std.shape, std.dtype, std.device) if isinstance(std, torch.Tensor) else type(std))
+            plan = _PLANS.get(key)
+        except (AttributeError, TypeError):  # an argument that is no tensor (the checks name it)
+            key = None
+    if plan is None:
+        plan = _plan(x, mean, std, reduce)
+        _validate.remember(_PLANS, key, plan)
+    R, C, dtype = plan.R, plan.C, plan.dtype
+    if isinstance(std, torch.Tensor):
+        std2 = (std.expand(*x.shape[:-1], plan.width) if plan.expand_std else std).reshape(R, plan.width)
+    else:
+        std2 = torch.full((R, 1), float(std), dtype=dtype, device=plan.device)
     operand = _kernels.operand
     x2, mean2, std2 = operand(x.reshape(R, C), dtype), operand(mean.reshape(R, C), dtype), operand(std2, dtype)
-    code = _REDUCE[reduce]
-    out = _OP(device, x2, mean2, std2, code, bool(check_std), empty=R == 0)
-    return out.reshape(x.shape if code == reference.REDUCE_NONE else x.shape[:-1])
+    out = _OP(plan.device, x2, mean2, std2, plan.code, bool(check_std), empty=R == 0)
+    return out.reshape(*plan.out_shape) if plan.out_shape else out.reshape(())

@@ -59,6 +59,11 @@ def token_weights(mask: torch.Tensor, aggregation: str = "token_mean", dtype: to
     these weights and the chunk losses add up to the batch loss. "sum": the mask itself, as weights.
     """
     _validate.choice("aggregation", aggregation, _AGGREGATIONS)
+    if aggregation == "token_mean" and mask.dtype == torch.bool and mask.device.type == "cpu" \
+            and _kernels.direct_call_allowed():
+        # eager on the CPU, reading the count costs no sync: one op fewer than dividing by a clamped
+        # tensor (not while tracing or under a dispatch mode: fake tensors have no count to read)
+        return mask.to(dtype).div_(max(int(mask.sum()), 1))
     w = mask.to(dtype)
     if aggregation == "sum":
         return w
@@ -103,6 +108,43 @@ def grpo_surrogate(
         GRPOLoss of 0-d float32 tensors (float64 for float64 logp); the loss is 0, ratio_mean 0 and
         ratio_max 1 when no token is kept. Gradients flow to logp only.
     """
+    key = plan = None
+    if not torch.compiler.is_compiling():
+        try:
+            key = (logp.shape, logp.dtype, logp.device, old_logp.shape, old_logp.dtype, old_logp.device,
+                   advantages.shape, advantages.dtype, advantages.device, mask.shape, mask.dtype, mask.device,
+                   None if mte_mask is None else (mte_mask.shape, mte_mask.dtype, mte_mask.device), aggregation)
+            plan = _PLANS.get(key)
+        except (AttributeError, TypeError):  # an argument that is no tensor (the checks name it)
+            key = None
+    if plan is None:
+        plan = _plan(logp, old_logp, advantages, mask, mte_mask, aggregation)
+        _validate.remember(_PLANS, key, plan)
+    B, L, dtype, device = plan
+    # values: checked on every call
+    clip_low = _validate.number("clip_eps", clip_eps, low=0.0)
+    clip_high = clip_low if clip_eps_high is None else _validate.number("clip_eps_high", clip_eps_high, low=0.0)
+    if device.type == "cpu" and _kernels.direct_call_allowed():  # free here; on a GPU it would be a host sync
+        _validate.all_finite("advantages", advantages, "(a NaN reward, or advantages of an empty group?)")
+    if mte_mask is None:
+        mte_mask = torch.zeros((B, L), dtype=torch.bool, device=device)
+
+    # these tensors are small ([T, B, L]): computing all of them in the accumulation dtype keeps
+    # the kernels to one dtype per call
+    operand = _kernels.operand
+    logp3 = operand(logp if logp.ndim == 3 else logp.unsqueeze(0), dtype)
+    old3 = operand((old_logp if old_logp.ndim == 3 else old_logp.unsqueeze(0)).detach(), dtype)
+    weights = token_weights(mask.detach(), aggregation, dtype).contiguous()
+    args = (logp3, old3, operand(advantages.detach(), dtype), weights, mte_mask.contiguous(), clip_low, clip_high)
+    loss, stats, _ = _OP(device, *args, empty=logp3.numel() == 0)
+    return GRPOLoss(loss, *stats.unbind())
+
+
+_PLANS: dict[tuple, tuple] = {}  # call signature -> (B, L, compute dtype, device); see _validate.remember
+
+
+def _plan(logp: object, old_logp: object, advantages: object, mask: object, mte_mask: object, aggregation: object) -> tuple:
+    """Every metadata check of grpo_surrogate's tensors and aggregation; an error names the argument."""
     logp = _validate.float_tensor("logp", logp)
     old_logp = _validate.float_tensor("old_logp", old_logp)
     advantages = _validate.float_tensor("advantages", advantages)
@@ -117,26 +159,13 @@ def grpo_surrogate(
     if not (mask.dtype == torch.bool or mask.is_floating_point()):
         raise TypeError(f"mask: got dtype {mask.dtype}, expected bool or a floating-point dtype")
     _validate.same_shape("mask", mask, (B, L), "[B, L] like the last two dims of logp")
-    if mte_mask is None:
-        mte_mask = torch.zeros((B, L), dtype=torch.bool, device=logp.device)
-    elif not isinstance(mte_mask, torch.Tensor) or mte_mask.dtype != torch.bool:
+    if mte_mask is not None and (not isinstance(mte_mask, torch.Tensor) or mte_mask.dtype != torch.bool):
         got = mte_mask.dtype if isinstance(mte_mask, torch.Tensor) else type(mte_mask).__name__
         raise TypeError(f"mte_mask: got {got}, expected a bool torch.Tensor or None")
-    _validate.same_shape("mte_mask", mte_mask, (B, L), "[B, L] like the last two dims of logp")
-    device = _validate.same_device(logp=logp, old_logp=old_logp, advantages=advantages, mask=mask, mte_mask=mte_mask)
-    if device.type == "cpu" and _kernels.direct_call_allowed():  # free here; on a GPU it would be a host sync
-        _validate.all_finite("advantages", advantages, "(a NaN reward, or advantages of an empty group?)")
+    if mte_mask is not None:
+        _validate.same_shape("mte_mask", mte_mask, (B, L), "[B, L] like the last two dims of logp")
+    # no mte_mask: its zeros are made on logp's device
+    device = _validate.same_device(logp=logp, old_logp=old_logp, advantages=advantages, mask=mask,
+                                   mte_mask=logp if mte_mask is None else mte_mask)
     _validate.choice("aggregation", aggregation, _AGGREGATIONS)
-    clip_low = _validate.number("clip_eps", clip_eps, low=0.0)
-    clip_high = clip_low if clip_eps_high is None else _validate.number("clip_eps_high", clip_eps_high, low=0.0)
-
-    # these tensors are small ([T, B, L]): computing all of them in the accumulation dtype keeps
-    # the kernels to one dtype per call
-    dtype = reference.acc_dtype(torch.promote_types(logp.dtype, old_logp.dtype))
-    operand = _kernels.operand
-    logp3 = operand(logp if logp.ndim == 3 else logp.unsqueeze(0), dtype)
-    old3 = operand((old_logp if old_logp.ndim == 3 else old_logp.unsqueeze(0)).detach(), dtype)
-    weights = token_weights(mask.detach(), aggregation, dtype).contiguous()
-    args = (logp3, old3, operand(advantages.detach(), dtype), weights, mte_mask.contiguous(), clip_low, clip_high)
-    loss, stats, _ = _OP(device, *args, empty=logp3.numel() == 0)
-    return GRPOLoss(loss, stats[0], stats[1], stats[2], stats[3])
+    return B, L, reference.acc_dtype(torch.promote_types(logp.dtype, old_logp.dtype)), device

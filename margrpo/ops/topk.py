@@ -43,7 +43,26 @@ _OPS = {
 }
 
 
+_PLANS: dict[tuple, int] = {}  # call signature (scores' shape and dtype, ratio, k) -> k; _validate.remember
+
+
 def _scores_and_k(scores: object, ratio: float | None, k: int | None) -> tuple[torch.Tensor, int]:
+    """scores and the k of each row, after the checks; a signature that passed them skips them."""
+    key = None
+    if not torch.compiler.is_compiling():
+        try:
+            key = (scores.shape, scores.dtype, type(ratio), ratio, type(k), k)
+            known = _PLANS.get(key)
+        except (AttributeError, TypeError):  # not a tensor (the checks name it)
+            key = known = None
+        if known is not None:
+            return scores, known
+    scores, k = _checked_scores_and_k(scores, ratio, k)
+    _validate.remember(_PLANS, key, k)
+    return scores, k
+
+
+def _checked_scores_and_k(scores: object, ratio: float | None, k: int | None) -> tuple[torch.Tensor, int]:
     scores = _validate.float_tensor("scores", scores)
     _validate.ndim("scores", scores, allowed=(2,), layout="[B, N]")
     N = scores.shape[1]

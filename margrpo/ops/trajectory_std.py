@@ -44,6 +44,26 @@ def trajectory_std(samples: torch.Tensor) -> torch.Tensor:
     Returns:
         [...] float32 (float64 for float64 input), differentiable with respect to samples.
     """
+    key = plan = None
+    if not torch.compiler.is_compiling():
+        try:
+            key = (samples.shape, samples.dtype, samples.device)
+            plan = _PLANS.get(key)
+        except (AttributeError, TypeError):  # not a tensor (the checks name it)
+            key = None
+    if plan is None:
+        plan = _plan(samples)
+        _validate.remember(_PLANS, key, plan)
+    K, M, C, out_shape = plan
+    out = _OP(samples.device, samples.reshape(K, M, C).contiguous(), empty=M == 0)
+    return out.reshape(*out_shape) if out_shape else out.reshape(())
+
+
+_PLANS: dict[tuple, tuple] = {}  # call signature -> (K, M, C, output shape); see _validate.remember
+
+
+def _plan(samples: object) -> tuple:
+    """Every metadata check of trajectory_std's argument; an error names it."""
     samples = _validate.float_tensor("samples", samples)
     _validate.ndim("samples", samples, at_least=2, layout="[K, ..., C] with K seeds and C channels")
     shape = samples.shape
@@ -52,7 +72,4 @@ def trajectory_std(samples: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"samples: got K={K} trajectories (shape {tuple(shape)}), expected K >= 2 in dim 0")
     if C == 0:
         raise ValueError(f"samples: got shape {tuple(shape)}, expected at least one channel in the last dim")
-    M = samples.numel() // (K * C)
-    flat = samples.reshape(K, M, C).contiguous()
-    out = _OP(samples.device, flat, empty=M == 0)
-    return out.reshape(shape[1:-1])
+    return K, samples.numel() // (K * C), C, tuple(shape[1:-1])  # ints: reshape parses a Size slower
