@@ -106,7 +106,8 @@ def op_overhead(shapes: tuple[str, ...] = ("tiny", "nova"), ops: tuple[str, ...]
 
 
 def format_rows(rows: list[OpHostRow]) -> str:
-    lines = [f"{'op':<18} {'shape':<6} {'public us':>10} {'raw us':>9} {'wrapper us':>11} {'public/raw p50 [p20, p80]':>27}"]
+    lines = ["public ops vs raw kernel calls: cpp backend, 1 torch thread, no autograd, this thread's CPU time",
+             f"{'op':<18} {'shape':<6} {'public us':>10} {'raw us':>9} {'wrapper us':>11} {'public/raw p50 [p20, p80]':>27}"]
     for r in rows:
         lines.append(f"{r.op:<18} {r.shape:<6} {r.public_us:>10.2f} {r.raw_us:>9.2f} {r.wrapper_us:>11.2f} "
                      f"{r.ratio:>10.3f} [{r.ratio_p20:.3f}, {r.ratio_p80:.3f}]")
