@@ -31,6 +31,11 @@ N = 1024 tokens; the `-x16` variants have 16x the images. Every op reads the sha
     margrpo bench ops --quick --json /tmp/ops.json --plot /tmp/ops.png
     margrpo bench ops --ops gaussian_logprob --modes backward --tokens 4096,65536
     python -m margrpo.bench.ops --device cuda --shapes steps-x16
+    margrpo bench ops --device cuda --shapes nova,steps-x16 --write-table margrpo/ops/backend_table.json
+    margrpo bench ops --from-json run1.json,run2.json --write-table T.json --assume-for nvidia-h100,other-cuda
+
+The report ends with the shapes where no margrpo backend beats eager, or torch.compile
+(margrpo.bench.table.verdicts); --write-table turns the rows into the backend order of `auto`.
 """
 from __future__ import annotations
 
