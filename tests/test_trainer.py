@@ -346,3 +346,21 @@ def test_micro_batches_accumulate_to_the_same_update(tmp_path, tiny_checkpoint):
         assert other.keys() == grads[0].keys()
         for name in grads[0]:
             torch.testing.assert_close(other[name], grads[0][name], rtol=1e-4, atol=1e-7)
+
+
+def test_resume_accepts_settings_newer_than_the_checkpoint_at_their_defaults():
+    """A checkpoint written before a setting existed did what its default does: resuming with the
+    default is not a change; any other value is refused by name."""
+    import yaml
+
+    from margrpo.config import to_dict
+    from margrpo.train.config import load_config
+    from margrpo.train.trainer import check_resume_config
+
+    current = to_dict(load_config("configs/shapes-tiny.yaml"))
+    saved = yaml.safe_load(yaml.safe_dump(current))
+    del saved["grpo"]["estimator"], saved["grpo"]["matching_times"], saved["rollout"]["seed_chains"]
+    assert check_resume_config(saved, 1, current, 1, "ckpt") == []
+    changed = to_dict(load_config("configs/shapes-tiny.yaml", ["grpo.estimator=matching"]))
+    with pytest.raises(ConfigError, match="grpo.estimator: '<unset>' -> 'matching'"):
+        check_resume_config(saved, 1, changed, 1, "ckpt")

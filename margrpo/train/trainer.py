@@ -636,6 +636,11 @@ def check_resume_config(saved: dict, saved_world: int, current: dict, world: int
     old, new = _flatten(saved), _flatten(current)
     old[GLOBAL_BATCH] *= saved_world
     new[GLOBAL_BATCH] *= world
+    # a setting newer than the checkpoint (absent from its config) at its default is what that run did
+    defaults = _flatten(yaml.safe_load(yaml.safe_dump(to_dict(TrainerConfig()))))
+    for key in new.keys() - old.keys():
+        if key in defaults and new[key] == defaults[key]:
+            old[key] = new[key]
     changed = sorted(k for k in old.keys() | new.keys() if old.get(k, "<unset>") != new.get(k, "<unset>"))
 
     def allowed(key: str) -> bool:
