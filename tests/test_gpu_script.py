@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_gpu_scripts_parse():
-    for script in ("run.sh", "fetch_wheels.sh"):
+    for script in ("run.sh", "fetch_wheels.sh", "asan_extension.sh"):
         result = subprocess.run(["bash", "-n", str(ROOT / "benchmarks" / "gpu" / script)], capture_output=True, text=True)
         assert result.returncode == 0, (script, result.stderr)
 
