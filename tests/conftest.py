@@ -124,6 +124,21 @@ def randn(gen: torch.Generator, *shape: int, dtype=torch.float64, device="cpu", 
     return (torch.randn(*shape, generator=gen, dtype=torch.float64) * scale + shift).to(device=device, dtype=dtype)
 
 
+def tiny_float64_mar(seed: int):
+    """A seeded 16-token TinyMAR (16 px images, 4 px patches, one block, 6 diffusion steps) in float64
+    and eval mode for exact tests, its head's adaLN-zero layers re-initialised (else the head ignores
+    z); no parameter requires grad: each test chooses what trains."""
+    from margrpo.heads import reinit_zero_layers_
+    from margrpo.models.tiny import TinyMAR, TinyMARConfig
+
+    torch.manual_seed(seed)
+    model = TinyMAR(TinyMARConfig(image_size=16, patch_size=4, width=32, depth=1, num_heads=2, head_width=32,
+                                  head_depth=1, diffusion_steps=6))
+    with torch.no_grad():
+        reinit_zero_layers_(model.head, std=0.2)
+    return model.double().eval().requires_grad_(False)
+
+
 def make_tiny_checkpoint(tmp_path_factory, depth: int) -> Path:
     """A seeded random-init TinyMAR small enough for trainer tests (seconds), saved as a checkpoint dir."""
     from margrpo.heads import reinit_zero_layers_

@@ -4,22 +4,17 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import tiny_float64_mar
 
 from margrpo.grpo import GRPOConfig, update
-from margrpo.heads import reinit_zero_layers_
-from margrpo.models.tiny import TinyMAR, TinyMARConfig
+from margrpo.models.tiny import TinyMAR
 from margrpo.rollout import RolloutConfig, generate
 
 PROMPTS = ["a red circle", "a red circle", "a blue square", "a blue square"]
 
 
 def _model(head_trainable: bool) -> TinyMAR:
-    torch.manual_seed(5)
-    model = TinyMAR(TinyMARConfig(image_size=16, patch_size=4, width=32, depth=1, num_heads=2, head_width=32,
-                                  head_depth=1, diffusion_steps=6))
-    with torch.no_grad():
-        reinit_zero_layers_(model.head, std=0.2)  # adaLN-zero would make the head ignore z
-    model = model.double().eval().requires_grad_(True)
+    model = tiny_float64_mar(5).requires_grad_(True)
     model.head.requires_grad_(head_trainable)
     return model
 

@@ -8,6 +8,7 @@ import copy
 
 import pytest
 import torch
+from conftest import tiny_float64_mar
 
 from margrpo.grpo import GRPOConfig, update
 from margrpo.grpo.matching import (
@@ -17,8 +18,6 @@ from margrpo.grpo.matching import (
     matching_score,
     matching_values,
 )
-from margrpo.heads import reinit_zero_layers_
-from margrpo.models.tiny import TinyMAR, TinyMARConfig
 from margrpo.rollout import RecordPlan, RolloutConfig, generate
 
 F64 = torch.float64
@@ -30,12 +29,7 @@ PLAN = RecordPlan(mask_steps=(0, 2, 3), diffusion_steps=((), (), ()))
 
 @pytest.fixture(scope="module")
 def tiny():
-    torch.manual_seed(5)
-    model = TinyMAR(TinyMARConfig(image_size=16, patch_size=4, width=32, depth=1, num_heads=2, head_width=32,
-                                  head_depth=1, diffusion_steps=6))
-    with torch.no_grad():
-        reinit_zero_layers_(model.head, std=0.2)  # adaLN-zero would make the head ignore z
-    model = model.double().eval().requires_grad_(False)
+    model = tiny_float64_mar(5)
     for p in model.trainable_parameters():
         p.requires_grad_(True)
     model.head.requires_grad_(False)

@@ -10,13 +10,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import tiny_float64_mar
 
 from margrpo.grpo import GRPOConfig
 from margrpo.grpo.advantages import PromptTracker
 from margrpo.grpo.objective import chunk_loss, position_logp
 from margrpo.grpo.policy_update import minibatches, token_selection
-from margrpo.heads import reinit_zero_layers_
-from margrpo.models.tiny import TinyMAR, TinyMARConfig
 from margrpo.rollout import RecordPlan, RolloutConfig, effective_steps, generate
 from margrpo.rollout.record import Rollout
 from margrpo.rollout.schedule import mask_schedule
@@ -157,12 +156,7 @@ def test_effective_index_skips_the_steps_that_reveal_nothing(schedule):
 def nova_rollout():
     """A recorded rollout on NOVA's schedule for 16 tokens in 8 steps, which reveal (0, 1, 2, 2, 2, 3,
     3, 3) tokens: step 0 is empty, so effective index = step - 1."""
-    torch.manual_seed(5)
-    model = TinyMAR(TinyMARConfig(image_size=16, patch_size=4, width=32, depth=1, num_heads=2, head_width=32,
-                                  head_depth=1, diffusion_steps=6))
-    with torch.no_grad():
-        reinit_zero_layers_(model.head, std=0.2)  # adaLN-zero would make the head ignore z
-    model = model.double().eval().requires_grad_(False)
+    model = tiny_float64_mar(5)
     config = RolloutConfig(num_mask_steps=8, schedule="nova", num_seeds=0, record_mask_steps=4,
                            record_diffusion_steps=2, likelihood_positions="unknown")
     plan = RecordPlan(mask_steps=(1, 2, 3, 6), diffusion_steps=((0, 3), (1, 4), (0, 2), (2, 4)))

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from conftest import tiny_float64_mar
 
 from margrpo.grpo import GRPOConfig
 from margrpo.grpo.policy_update import token_selection
@@ -17,8 +18,6 @@ from margrpo.grpo.selection import (
     split_pixels,
     uncertainty,
 )
-from margrpo.heads import reinit_zero_layers_
-from margrpo.models.tiny import TinyMAR, TinyMARConfig
 from margrpo.rollout import RecordPlan, RolloutConfig, generate
 
 F64 = torch.float64
@@ -146,12 +145,7 @@ def test_consistency_keep_is_the_cosine_gain_or_committed(gen, P, threshold):
 # ---------------------------------------------------------------- token_selection on a real rollout
 @pytest.fixture(scope="module")
 def rollout():
-    torch.manual_seed(5)
-    model = TinyMAR(TinyMARConfig(image_size=16, patch_size=4, width=32, depth=1, num_heads=2, head_width=32,
-                                  head_depth=1, diffusion_steps=6))
-    with torch.no_grad():
-        reinit_zero_layers_(model.head, std=0.2)  # adaLN-zero would make the head ignore z
-    model = model.double().eval().requires_grad_(False)
+    model = tiny_float64_mar(5)
     config = RolloutConfig(num_mask_steps=5, schedule="harmon", cfg_scale=2.5, num_seeds=3, record_mask_steps=3,
                            record_diffusion_steps=2, likelihood_positions="unknown")
     # 16 tokens, 5 Harmon mask steps reveal (1, 3, 3, 5, 4) tokens

@@ -7,12 +7,11 @@ import copy
 
 import pytest
 import torch
+from conftest import tiny_float64_mar
 
 from margrpo import ops
 from margrpo.grpo import GRPOConfig, update
 from margrpo.grpo.objective import chunk_loss
-from margrpo.heads import reinit_zero_layers_
-from margrpo.models.tiny import TinyMAR, TinyMARConfig
 from margrpo.rollout import RecordPlan, RolloutConfig, generate, rollout_logprob
 from margrpo.rollout.record import head_to_rollout, rollout_to_head
 
@@ -24,12 +23,7 @@ PLAN = RecordPlan(mask_steps=(0, 2, 3), diffusion_steps=((0, 3), (1, 4), (0, 2))
 
 @pytest.fixture(scope="module")
 def tiny():
-    torch.manual_seed(3)
-    model = TinyMAR(TinyMARConfig(image_size=16, patch_size=4, width=32, depth=1, num_heads=2, head_width=32,
-                                  head_depth=1, diffusion_steps=6))
-    with torch.no_grad():
-        reinit_zero_layers_(model.head, std=0.2)  # adaLN-zero would make the head ignore z
-    model = model.double().eval().requires_grad_(False)
+    model = tiny_float64_mar(3)
     for p in model.trainable_parameters():
         p.requires_grad_(True)
     model.head.requires_grad_(False)
