@@ -43,7 +43,7 @@ LADDER: dict[str, list[str]] = {
 DEFAULT_RUNGS = ["grpo", "frozen_head", "mte", "full"]
 OVERALL = "heldout/overall"
 # two-sided 95% quantiles of Student's t for 1..30 degrees of freedom (normal beyond)
-_T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
 
 
@@ -55,7 +55,7 @@ def seed_stats(values: list[float]) -> dict[str, float]:
         return {"n": 0, "mean": math.nan, "sd": math.nan, "min": math.nan, "ci95": math.nan}
     mean = sum(values) / n
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else math.nan
-    t = _T95[n - 2] if 2 <= n <= 31 else 1.96
+    t = T95[n - 2] if 2 <= n <= 31 else 1.96
     return {"n": n, "mean": mean, "sd": sd, "min": min(values), "ci95": t * sd / math.sqrt(n) if n > 1 else math.nan}
 
 

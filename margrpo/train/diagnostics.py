@@ -253,22 +253,24 @@ def variance_ratio(a: GradientVariance, b: GradientVariance, resamples: int = 40
     return a.total_variance / b.total_variance, low, high
 
 
-def _signal_to_noise(gram: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """The signal-to-noise (|mean|^2 - tr Cov / n) / tr Cov of resamples (counts [..., n]) of the
-    rollouts, from their Gram matrix [n, n]."""
-    n = counts.shape[-1]
-    total = _total_variance(gram, counts)
-    mean_sq = torch.einsum("...i,ij,...j->...", counts, gram, counts) / n**2
-    return (mean_sq - total / n) / total
+def _snr_of(gram: torch.Tensor) -> float:
+    """(|mean|^2 - tr Cov / n) / tr Cov of the n rollouts whose Gram matrix [n, n] is `gram`."""
+    n = gram.shape[0]
+    total = float(gram.diagonal().sum() - gram.sum() / n) / (n - 1)
+    return (float(gram.sum()) / n**2 - total / n) / total
 
 
-def signal_to_noise_interval(result: GradientVariance, resamples: int = 4000, seed: int = 0) -> tuple[float, float]:
-    """95% bootstrap interval (over rollouts) of a variant's per-rollout signal-to-noise."""
-    n = result.gram.shape[0]
-    counts = _bootstrap_counts(n, resamples, seed)
-    low, high = torch.quantile(_signal_to_noise(result.gram.double(), counts),
-                               torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
-    return low, high
+def _jackknife_interval(estimate: float, leave_one_out: list[float]) -> tuple[float, float]:
+    """95% interval estimate +- t(n-1) * jackknife standard error. Leave-one-out subsets hold no
+    repeated rollout, so estimators that assume independent rollouts (the unbiased |E g|^2) stay
+    valid on them; a bootstrap resample's repeats bias those upwards."""
+    from .ablate import T95
+
+    n = len(leave_one_out)
+    mean = sum(leave_one_out) / n
+    se = math.sqrt((n - 1) / n * sum((v - mean) ** 2 for v in leave_one_out))
+    t = T95[n - 2] if 2 <= n <= len(T95) + 1 else 1.96  # Student's t with n - 1 degrees of freedom
+    return estimate - t * se, estimate + t * se
 
 
 def _bootstrap_counts(n: int, resamples: int, seed: int) -> torch.Tensor:
@@ -277,16 +279,32 @@ def _bootstrap_counts(n: int, resamples: int, seed: int) -> torch.Tensor:
     return counts[(counts > 0).sum(1) >= 2]  # a resample of one rollout repeated has no variance
 
 
-def mean_cosine(a: GradientVariance, b: GradientVariance, resamples: int = 4000, seed: int = 0
-                ) -> tuple[float, float, float]:
-    """Cosine between two variants' mean gradients over the same rollouts, with a 95% paired
-    bootstrap interval (the means still hold noise of size tr Cov / n: a small signal-to-noise pulls
-    the cosine of two unrelated estimators' means towards their noises' correlation)."""
-    counts = _bootstrap_counts(a.flat.shape[0], resamples, seed)
-    mean_a, mean_b = counts @ a.flat / a.flat.shape[0], counts @ b.flat / b.flat.shape[0]
-    cosines = torch.nn.functional.cosine_similarity(mean_a, mean_b, dim=-1)
-    point = float(torch.nn.functional.cosine_similarity(a.flat.mean(0), b.flat.mean(0), dim=0))
-    low, high = torch.quantile(cosines, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
+def _without(matrix: torch.Tensor, i: int) -> torch.Tensor:
+    keep = [j for j in range(matrix.shape[0]) if j != i]
+    return matrix[keep][:, keep]
+
+
+def signal_to_noise_interval(result: GradientVariance) -> tuple[float, float]:
+    """95% jackknife interval (over rollouts) of a variant's per-rollout signal-to-noise."""
+    gram = result.gram.double()
+    n = gram.shape[0]
+    return _jackknife_interval(_snr_of(gram), [_snr_of(_without(gram, i)) for i in range(n)])
+
+
+def _cosine_of(cross: torch.Tensor, gram_a: torch.Tensor, gram_b: torch.Tensor) -> float:
+    return float(cross.sum() / (gram_a.sum() * gram_b.sum()).sqrt())
+
+
+def mean_cosine(a: GradientVariance, b: GradientVariance) -> tuple[float, float, float]:
+    """Cosine between two variants' mean gradients over the same rollouts, with a 95% jackknife
+    interval over rollouts (from the Gram matrices; the means still hold noise of size tr Cov / n,
+    so a small signal-to-noise pulls the cosine towards the correlation of the two noises)."""
+    cross = (a.flat @ b.flat.T).double()
+    gram_a, gram_b = a.gram.double(), b.gram.double()
+    n = cross.shape[0]
+    point = _cosine_of(cross, gram_a, gram_b)
+    low, high = _jackknife_interval(point, [_cosine_of(_without(cross, i), _without(gram_a, i), _without(gram_b, i))
+                                            for i in range(n)])
     return point, low, high
 
 
