@@ -446,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.variance:
         print(f"policy-gradient variance over {args.variance} rollouts (same rollouts for each variant):")
         print(f"  {'variant':<22} {'|mean g|^2':>11} {'tr Cov':>11} {'relative':>9} {'|E g|^2 est':>12}"
-              f" {'SNR':>9} {'SNR 95%':>22}")
+              f" {'SNR':>9} {'SNR 95% (jackknife)':>22}")
         results = gradient_variance(trainer, args.variance, variants)
         for v in results:
             snr_low, snr_high = signal_to_noise_interval(v)
@@ -456,6 +456,6 @@ def main(argv: list[str] | None = None) -> int:
         for other in results[1:]:
             ratio, low, high = variance_ratio(other, base)
             cosine, c_low, c_high = mean_cosine(other, base)
-            print(f"  {other.variant} vs {base.variant}: tr Cov ratio {ratio:.3f} [{low:.3f}, {high:.3f}], "
-                  f"cosine of the mean gradients {cosine:.3f} [{c_low:.3f}, {c_high:.3f}] (95% paired bootstrap)")
+            print(f"  {other.variant} vs {base.variant}: tr Cov ratio {ratio:.3f} [{low:.3f}, {high:.3f}] (95% paired "
+                  f"bootstrap), cosine of the mean gradients {cosine:.3f} [{c_low:.3f}, {c_high:.3f}] (95% jackknife)")
     return 0
