@@ -124,10 +124,10 @@ def randn(gen: torch.Generator, *shape: int, dtype=torch.float64, device="cpu", 
     return (torch.randn(*shape, generator=gen, dtype=torch.float64) * scale + shift).to(device=device, dtype=dtype)
 
 
-def tiny_float64_mar(seed: int):
+def tiny_float64_mar(seed: int, train_backbone: bool = False):
     """A seeded 16-token TinyMAR (16 px images, 4 px patches, one block, 6 diffusion steps) in float64
     and eval mode for exact tests, its head's adaLN-zero layers re-initialised (else the head ignores
-    z); no parameter requires grad: each test chooses what trains."""
+    z). train_backbone: the AR model's parameters require grad (the head's never); else none does."""
     from margrpo.heads import reinit_zero_layers_
     from margrpo.models.tiny import TinyMAR, TinyMARConfig
 
@@ -136,7 +136,10 @@ def tiny_float64_mar(seed: int):
                                   head_depth=1, diffusion_steps=6))
     with torch.no_grad():
         reinit_zero_layers_(model.head, std=0.2)
-    return model.double().eval().requires_grad_(False)
+    model = model.double().eval().requires_grad_(False)
+    for p in model.trainable_parameters():
+        p.requires_grad_(train_backbone)
+    return model
 
 
 def make_tiny_checkpoint(tmp_path_factory, depth: int) -> Path:

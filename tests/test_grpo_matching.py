@@ -29,10 +29,7 @@ PLAN = RecordPlan(mask_steps=(0, 2, 3), diffusion_steps=((), (), ()))
 
 @pytest.fixture(scope="module")
 def tiny():
-    model = tiny_float64_mar(5)
-    for p in model.trainable_parameters():
-        p.requires_grad_(True)
-    model.head.requires_grad_(False)
+    model = tiny_float64_mar(5, train_backbone=True)
     return model, model.make_sampler()
 
 

@@ -23,10 +23,7 @@ PLAN = RecordPlan(mask_steps=(0, 2, 3), diffusion_steps=((0, 3), (1, 4), (0, 2))
 
 @pytest.fixture(scope="module")
 def tiny():
-    model = tiny_float64_mar(3)
-    for p in model.trainable_parameters():
-        p.requires_grad_(True)
-    model.head.requires_grad_(False)
+    model = tiny_float64_mar(3, train_backbone=True)
     return model, model.make_sampler()
 
 
