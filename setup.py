@@ -5,6 +5,7 @@ Environment:
   MARGRPO_NO_EXTENSION=1   skip the extension entirely (pure Python install; torch/triton backends only)
   TORCH_CUDA_ARCH_LIST     defaults to "9.0" (Hopper) when no GPU is visible
 """
+
 import glob
 import os
 import shutil

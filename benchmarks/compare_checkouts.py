@@ -11,6 +11,7 @@ After one warm-up step each, every round runs one step of each worker, the order
 make both configs the same workload: the rounds print each side's reward mean, equal while the two
 policies have not drifted apart.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,8 +41,14 @@ PHASES = ("rollout", "train", "total")
 def start_worker(root: str, overrides: list[str]) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=root)
     config = os.path.join(root, "configs", "shapes-tiny.yaml")
-    worker = subprocess.Popen([sys.executable, "-c", WORKER, config, "run.threads=1", "run.eval_every=0", *overrides],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=root)
+    worker = subprocess.Popen(
+        [sys.executable, "-c", WORKER, config, "run.threads=1", "run.eval_every=0", *overrides],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=root,
+    )
     line = worker.stdout.readline()
     if not line or not json.loads(line).get("ready"):
         raise RuntimeError(f"{root}: the worker did not start (see its error above)")
@@ -77,8 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(args.rounds):
         for side in ("a", "b") if r % 2 == 0 else ("b", "a"):
             rounds[side].append(step(workers[side]))
-        print(f"round {r}: " + "  ".join(f"{side} {rounds[side][-1]['total']:.2f} s (reward {rounds[side][-1]['reward']:.4f})"
-                                         for side in "ab"), flush=True)
+        print(
+            f"round {r}: "
+            + "  ".join(f"{side} {rounds[side][-1]['total']:.2f} s (reward {rounds[side][-1]['reward']:.4f})" for side in "ab"),
+            flush=True,
+        )
     for worker in workers.values():
         worker.stdin.close()
         worker.wait()
@@ -86,8 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     for phase in PHASES:
         ratios = [b[phase] / a[phase] for a, b in zip(rounds["a"], rounds["b"])]
         low, mid, high = quantiles(ratios)
-        print(f"{phase:<8} {statistics.median(x[phase] for x in rounds['a']):>10.2f} "
-              f"{statistics.median(x[phase] for x in rounds['b']):>10.2f}   {mid:.3f} [{low:.3f}, {high:.3f}]")
+        print(
+            f"{phase:<8} {statistics.median(x[phase] for x in rounds['a']):>10.2f} "
+            f"{statistics.median(x[phase] for x in rounds['b']):>10.2f}   {mid:.3f} [{low:.3f}, {high:.3f}]"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"a": args.a, "b": args.b, "rounds": rounds}, f, indent=1)

@@ -9,6 +9,7 @@ gain difference to the first (base) variant paired by seed, with its 95% t-inter
 each category's change; and the training time per step (rollout + reward + update; only comparable
 between runs that shared the machine alike). A plot shows the per-seed held-out curves.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,29 +62,40 @@ def compare(variants: dict[str, dict[int, dict]], steps: list[int]) -> tuple[str
             report[name][f"gain@{step}"] = {**stats, "values": gains}
             cells.append(_fmt(stats) if stats["n"] else "-")
         kl = seed_stats([r["kl"] for r in runs.values()])
-        cells += [f"{kl['mean']:.3f} (max {max(r['kl'] for r in runs.values()):.3f})",
-                  f"{seed_stats([r['time'] for r in runs.values()])['mean']:.2f}"]
+        cells += [
+            f"{kl['mean']:.3f} (max {max(r['kl'] for r in runs.values()):.3f})",
+            f"{seed_stats([r['time'] for r in runs.values()])['mean']:.2f}",
+        ]
         report[name]["kl"] = kl
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", f"Paired by seed against {names[0]} (difference of gains, 95% t-interval):", "",
-              "| variant | " + " | ".join(f"@{s}" for s in steps) + " | per-seed differences at the last step |",
-              "|---|" + "---|" * (len(steps) + 1)]
+    lines += [
+        "",
+        f"Paired by seed against {names[0]} (difference of gains, 95% t-interval):",
+        "",
+        "| variant | " + " | ".join(f"@{s}" for s in steps) + " | per-seed differences at the last step |",
+        "|---|" + "---|" * (len(steps) + 1),
+    ]
     for name in names[1:]:
         cells, last = [name], []
         for step in steps:
-            common = [s for s in variants[name] if s in base and step in variants[name][s]["curve"]
-                      and step in base[s]["curve"]]
-            diffs = [(variants[name][s]["curve"][step] - variants[name][s]["curve"][0])
-                     - (base[s]["curve"][step] - base[s]["curve"][0]) for s in common]
+            common = [s for s in variants[name] if s in base and step in variants[name][s]["curve"] and step in base[s]["curve"]]
+            diffs = [
+                (variants[name][s]["curve"][step] - variants[name][s]["curve"][0]) - (base[s]["curve"][step] - base[s]["curve"][0])
+                for s in common
+            ]
             stats = seed_stats(diffs)
             report[name][f"paired@{step}"] = {**stats, "values": diffs, "seeds": common}
             cells.append(_fmt(stats) if stats["n"] > 1 else "-")
             last = [f"{s}: {d:+.3f}" for s, d in zip(common, diffs)]
         lines.append("| " + " | ".join(cells) + " | " + ", ".join(last) + " |")
     categories = sorted({c for runs in variants.values() for r in runs.values() for c in r["categories"]})
-    lines += ["", "Held-out categories, mean over seeds (before -> after):", "",
-              "| variant | " + " | ".join(c.removeprefix("heldout/") for c in categories) + " |",
-              "|---|" + "---|" * len(categories)]
+    lines += [
+        "",
+        "Held-out categories, mean over seeds (before -> after):",
+        "",
+        "| variant | " + " | ".join(c.removeprefix("heldout/") for c in categories) + " |",
+        "|---|" + "---|" * len(categories),
+    ]
     for name, runs in variants.items():
         cells = []
         for c in categories:
@@ -105,8 +117,15 @@ def plot(variants: dict[str, dict[int, dict]], path: Path) -> None:
     for (name, runs), colour in zip(variants.items(), colours):
         for i, run in enumerate(runs.values()):
             steps = sorted(run["curve"])
-            ax.plot(steps, [run["curve"][s] - run["curve"][0] for s in steps], color=colour, alpha=0.6,
-                    marker="o", markersize=3, label=name if i == 0 else None)
+            ax.plot(
+                steps,
+                [run["curve"][s] - run["curve"][0] for s in steps],
+                color=colour,
+                alpha=0.6,
+                marker="o",
+                markersize=3,
+                label=name if i == 0 else None,
+            )
     ax.axhline(0, color="grey", linewidth=0.8)
     ax.set_xlabel("GRPO step")
     ax.set_ylabel("held-out gain (overall)")

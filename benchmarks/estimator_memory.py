@@ -6,6 +6,7 @@ its update draws D (time, noise) pairs per committed token of the recorded steps
 
     python benchmarks/estimator_memory.py
 """
+
 from __future__ import annotations
 
 from margrpo.rollout import mask_schedule
@@ -37,8 +38,9 @@ def main() -> None:
             transition = Rollout.footprint(B, N, C, K, side, side, L, M, mode == "unknown")
             matching = Rollout.footprint(B, N, C, K, side, side, 0, M, mode == "unknown")
             draws = MATCHING_DRAWS * B * round(M * revealed) * (C + 1) * 4
-            print(f"| {name} (B={B}, K={K}) | {mode} | {transition / 2**20:.0f} MiB | {matching / 2**20:.0f} MiB "
-                  f"| {draws / 2**20:.2f} MiB |")
+            print(
+                f"| {name} (B={B}, K={K}) | {mode} | {transition / 2**20:.0f} MiB | {matching / 2**20:.0f} MiB | {draws / 2**20:.2f} MiB |"
+            )
 
 
 if __name__ == "__main__":

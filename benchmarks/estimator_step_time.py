@@ -7,6 +7,7 @@ train_step of each, in alternating order, on the same step index (the same promp
 per estimator the median [min, max] seconds of the rollout, reward and update phases and of the whole
 step, and the median of the per-round ratios matching / transition.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,13 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         trainers = {}
         for name in estimators:
-            overrides = [*args.overrides, f"grpo.estimator={name}", f"run.out_dir={tmp}/{name}", "run.tensorboard=false",
-                         "run.resume=never"]
+            overrides = [
+                *args.overrides,
+                f"grpo.estimator={name}",
+                f"run.out_dir={tmp}/{name}",
+                "run.tensorboard=false",
+                "run.resume=never",
+            ]
             trainers[name] = Trainer(load_config(args.config, overrides), create_run_dir=False)
         times: dict[str, list[dict[str, float]]] = {name: [] for name in estimators}
         load_before = os.getloadavg()[0]
@@ -46,8 +52,10 @@ def main(argv: list[str] | None = None) -> int:
                 if round_index:
                     times[name].append({phase: metrics[phase] for phase in PHASES})
         load_after = os.getloadavg()[0]
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {load_before:.2f} -> "
-          f"{load_after:.2f}, {args.rounds} rounds, config {args.config} {' '.join(args.overrides)}")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {load_before:.2f} -> "
+        f"{load_after:.2f}, {args.rounds} rounds, config {args.config} {' '.join(args.overrides)}"
+    )
     print("| estimator | rollout s | reward s | update s | step s |")
     print("|---|---|---|---|---|")
     for name in estimators:
@@ -57,10 +65,14 @@ def main(argv: list[str] | None = None) -> int:
             cells.append(f"{statistics.median(values):.2f} [{min(values):.2f}, {max(values):.2f}]")
         print(f"| {name} | " + " | ".join(cells) + " |")
     for phase in ("time/rollout", "time/train", "step"):
-        ratios = [(sum(m.values()) if phase == "step" else m[phase]) / (sum(t.values()) if phase == "step" else t[phase])
-                  for m, t in zip(times["matching"], times["transition"])]
-        print(f"matching / transition, {phase}: median {statistics.median(ratios):.2f} "
-              f"[{min(ratios):.2f}, {max(ratios):.2f}] over {len(ratios)} paired rounds")
+        ratios = [
+            (sum(m.values()) if phase == "step" else m[phase]) / (sum(t.values()) if phase == "step" else t[phase])
+            for m, t in zip(times["matching"], times["transition"])
+        ]
+        print(
+            f"matching / transition, {phase}: median {statistics.median(ratios):.2f} "
+            f"[{min(ratios):.2f}, {max(ratios):.2f}] over {len(ratios)} paired rounds"
+        )
     return 0
 
 

@@ -7,6 +7,7 @@ Reduced tokens and steps so each case takes seconds on a CPU; every case runs RO
 spread, and checks that the timed path reproduces the eager per-seed reference. `compile` is left to
 the CLI suite (its compilation would dominate here).
 """
+
 from __future__ import annotations
 
 import os

@@ -10,6 +10,7 @@ Every case runs a fixed number of rounds (MARGRPO_BENCH_ROUNDS, default 20) of o
 warm-up rounds, so its min / median / IQR describe a spread; a backward case runs its forward as the
 untimed setup of each round.
 """
+
 from __future__ import annotations
 
 import functools
@@ -35,8 +36,14 @@ def _modes(op: str) -> tuple[str, ...]:
     return bench.MODES if op in bench.GRAD_INPUTS else ("forward",)
 
 
-CASES = [(op, shape, mode, impl) for op in bench.OPS for shape in SHAPES for mode in _modes(op)
-         for impl in _implementations(op) if mode == "forward" or bench.differentiable(impl)]
+CASES = [
+    (op, shape, mode, impl)
+    for op in bench.OPS
+    for shape in SHAPES
+    for mode in _modes(op)
+    for impl in _implementations(op)
+    if mode == "forward" or bench.differentiable(impl)
+]
 
 
 @pytest.mark.parametrize("op,shape,mode,impl", CASES, ids=["-".join(case) for case in CASES])

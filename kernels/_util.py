@@ -3,6 +3,7 @@
 Block sizes are chosen by simple rules instead of @triton.autotune, so the same launchers run under
 TRITON_INTERPRET=1 (where autotune has no driver) and on the GPU without a tuning pass per shape.
 """
+
 from __future__ import annotations
 
 import torch
@@ -11,6 +12,7 @@ import triton
 from margrpo.ops.reference import acc_dtype
 
 __all__ = ["acc_dtype", "programs_block", "require_contiguous", "warps_for"]
+
 
 def require_contiguous(name: str, tensor: torch.Tensor, ndim: int) -> None:
     """Reject layouts the kernels would silently misread (the contract promises contiguous inputs)."""

@@ -14,6 +14,7 @@ Launch helpers take tensors whose leading dims broadcast against each other (tor
 return a new contiguous tensor of the broadcast shape. No autograd: the heads call these only on
 no-grad paths (rollout); the torch reference path carries gradients.
 """
+
 from __future__ import annotations
 
 import functools
@@ -28,11 +29,24 @@ from margrpo.ops._validate import broadcast_shape
 
 @triton.jit
 def _ln_modulate_kernel(
-    x_ptr, shift_ptr, scale_ptr, w_ptr, b_ptr, out_ptr,
-    B, N, W,
-    x_sa, x_sb, x_sn,
-    sh_sa, sh_sb, sh_sn,
-    sc_sa, sc_sb, sc_sn,
+    x_ptr,
+    shift_ptr,
+    scale_ptr,
+    w_ptr,
+    b_ptr,
+    out_ptr,
+    B,
+    N,
+    W,
+    x_sa,
+    x_sb,
+    x_sn,
+    sh_sa,
+    sh_sb,
+    sh_sn,
+    sc_sa,
+    sc_sb,
+    sc_sn,
     eps,
     HAS_AFFINE: tl.constexpr,
     FP64: tl.constexpr,
@@ -62,11 +76,24 @@ def _ln_modulate_kernel(
 
 @triton.jit
 def _gate_residual_kernel(
-    res_ptr, h_ptr, gate_ptr, w_ptr, b_ptr, out_ptr,
-    B, N, W,
-    r_sa, r_sb, r_sn,
-    h_sa, h_sb, h_sn,
-    g_sa, g_sb, g_sn,
+    res_ptr,
+    h_ptr,
+    gate_ptr,
+    w_ptr,
+    b_ptr,
+    out_ptr,
+    B,
+    N,
+    W,
+    r_sa,
+    r_sb,
+    r_sn,
+    h_sa,
+    h_sb,
+    h_sn,
+    g_sa,
+    g_sb,
+    g_sn,
     eps,
     HAS_NORM: tl.constexpr,
     FP64: tl.constexpr,
@@ -144,8 +171,7 @@ def _plan(names: tuple[str, str, str], *layouts: tuple[int, ...]) -> _Plan:
     block = 1 << (width - 1).bit_length()  # next power of two (triton's helper is a jit call)
     first_is_output = tuple(shapes[0]) == shape and tuple(strides[0]) == _contiguous_strides(shape)
     rework = len(lead) > 2 or any(steps[-1] != 1 for steps in strides)
-    return _Plan(shape, rows, lead[-1] if lead else 1, tuple(per_operand), block, 4 if block <= 1024 else 8,
-                 first_is_output, rework)
+    return _Plan(shape, rows, lead[-1] if lead else 1, tuple(per_operand), block, 4 if block <= 1024 else 8, first_is_output, rework)
 
 
 def _reworked(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
@@ -157,8 +183,19 @@ def _reworked(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     return t
 
 
-def _launch(kernel, flag: str, names: tuple[str, str, str], a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
-            weight, bias, eps: float, out: torch.Tensor | None, in_place: bool = False) -> torch.Tensor:
+def _launch(
+    kernel,
+    flag: str,
+    names: tuple[str, str, str],
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    weight,
+    bias,
+    eps: float,
+    out: torch.Tensor | None,
+    in_place: bool = False,
+) -> torch.Tensor:
     """Run `kernel` over the rows of operands a, b, c (flag: its constexpr switching weight/bias on)."""
     if (weight is None) != (bias is None):
         raise ValueError("weight/bias: got only one of them, expected both or neither")
@@ -168,8 +205,9 @@ def _launch(kernel, flag: str, names: tuple[str, str, str], a: torch.Tensor, b: 
     elif out is None:
         out = torch.empty(plan.shape, dtype=a.dtype, device=a.device)
     elif out.shape != plan.shape or not out.is_contiguous():
-        raise ValueError(f"out: got shape {tuple(out.shape)} (contiguous={out.is_contiguous()}), "
-                         f"expected a contiguous tensor of shape {plan.shape}")
+        raise ValueError(
+            f"out: got shape {tuple(out.shape)} (contiguous={out.is_contiguous()}), expected a contiguous tensor of shape {plan.shape}"
+        )
     if plan.rows == 0:
         return out
     launch = plan
@@ -178,9 +216,21 @@ def _launch(kernel, flag: str, names: tuple[str, str, str], a: torch.Tensor, b: 
         launch = _plan(names, a.shape, a.stride(), b.shape, b.stride(), c.shape, c.stride())
     affine = weight is not None
     kernel[(launch.rows,)](
-        a, b, c, weight if affine else a, bias if affine else a, out,
-        launch.inner, launch.shape[-2], launch.shape[-1], *launch.strides, float(eps),
-        **{flag: affine}, FP64=a.dtype == torch.float64, BLOCK_W=launch.block, num_warps=launch.warps,
+        a,
+        b,
+        c,
+        weight if affine else a,
+        bias if affine else a,
+        out,
+        launch.inner,
+        launch.shape[-2],
+        launch.shape[-1],
+        *launch.strides,
+        float(eps),
+        **{flag: affine},
+        FP64=a.dtype == torch.float64,
+        BLOCK_W=launch.block,
+        num_warps=launch.warps,
     )
     return out
 
@@ -200,8 +250,7 @@ def ln_modulate(
     contiguous [*broadcast(Lx, Lm), N, W] tensor of x's dtype (written into `out` if given);
     statistics in fp32 (fp64 for fp64).
     """
-    return _launch(_ln_modulate_kernel, "HAS_AFFINE", ("x", "shift", "scale"), x, shift, scale,
-                   weight, bias, eps, out)
+    return _launch(_ln_modulate_kernel, "HAS_AFFINE", ("x", "shift", "scale"), x, shift, scale, weight, bias, eps, out)
 
 
 def gate_residual(
@@ -220,5 +269,4 @@ def gate_residual(
     given, must be contiguous with the broadcast shape; it may be `residual` itself. in_place: write
     into `residual` whenever it is contiguous with the broadcast shape (else into a new tensor).
     """
-    return _launch(_gate_residual_kernel, "HAS_NORM", ("residual", "h", "gate"), residual, h, gate,
-                   weight, bias, eps, out, in_place)
+    return _launch(_gate_residual_kernel, "HAS_NORM", ("residual", "h", "gate"), residual, h, gate, weight, bias, eps, out, in_place)

@@ -8,6 +8,7 @@ channels accumulating the five sums the two cosines need (cur.final, prev.final,
 Numerics: fp32 accumulation (fp64 for fp64 inputs). threshold is passed to the kernel as an fp32
 scalar (Triton types Python floats as fp32), so for fp64 inputs it is rounded to fp32 first.
 """
+
 from __future__ import annotations
 
 import torch
@@ -28,8 +29,17 @@ def _cosine_or_zero(dot, norm_a2, norm_b2, TINY: tl.constexpr):
 
 @triton.jit
 def _consistency_mask_kernel(
-    prev_ptr, cur_ptr, final_ptr, out_ptr, M, C, threshold,
-    COMPUTE_DTYPE: tl.constexpr, TINY: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
+    prev_ptr,
+    cur_ptr,
+    final_ptr,
+    out_ptr,
+    M,
+    C,
+    threshold,
+    COMPUTE_DTYPE: tl.constexpr,
+    TINY: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_C: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
@@ -73,9 +83,17 @@ def consistency_mask_fwd(prev: torch.Tensor, cur: torch.Tensor, final: torch.Ten
     dt = acc_dtype(cur.dtype)
     block_m, block_c = _blocks(M, C)
     _consistency_mask_kernel[(triton.cdiv(M, block_m),)](
-        prev, cur, final, out, M, C, float(threshold),
+        prev,
+        cur,
+        final,
+        out,
+        M,
+        C,
+        float(threshold),
         COMPUTE_DTYPE=tl.float64 if dt == torch.float64 else tl.float32,
-        TINY=torch.finfo(dt).tiny, BLOCK_M=block_m, BLOCK_C=block_c,
+        TINY=torch.finfo(dt).tiny,
+        BLOCK_M=block_m,
+        BLOCK_C=block_c,
         num_warps=warps_for(block_m * block_c),
     )
     return out

@@ -5,6 +5,7 @@ and walks the channels in BLOCK_C chunks (one chunk when C <= BLOCK_C), so one p
 once. Math runs in the output dtype: fp32 for fp16/bf16/fp32 inputs, fp64 for fp64 inputs.
 std may be per row (S == 1, loaded once per row) or per element (S == C).
 """
+
 from __future__ import annotations
 
 import torch
@@ -32,8 +33,16 @@ def _tile(rows, c0, R, C, BLOCK_C: tl.constexpr):
 
 @triton.jit
 def _gaussian_logprob_fwd_kernel(
-    x_ptr, mean_ptr, std_ptr, out_ptr, R, C,
-    REDUCE: tl.constexpr, STD_PER_ROW: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    x_ptr,
+    mean_ptr,
+    std_ptr,
+    out_ptr,
+    R,
+    C,
+    REDUCE: tl.constexpr,
+    STD_PER_ROW: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
 ):
     dt = out_ptr.dtype.element_ty
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -67,8 +76,19 @@ def _gaussian_logprob_fwd_kernel(
 
 @triton.jit
 def _gaussian_logprob_bwd_kernel(
-    grad_ptr, x_ptr, mean_ptr, std_ptr, grad_x_ptr, grad_mean_ptr, grad_std_ptr, R, C,
-    REDUCE: tl.constexpr, STD_PER_ROW: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    grad_ptr,
+    x_ptr,
+    mean_ptr,
+    std_ptr,
+    grad_x_ptr,
+    grad_mean_ptr,
+    grad_std_ptr,
+    R,
+    C,
+    REDUCE: tl.constexpr,
+    STD_PER_ROW: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
 ):
     dt = grad_x_ptr.dtype.element_ty
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -141,8 +161,16 @@ def gaussian_logprob_fwd(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor,
         return out  # with C == 0 and R > 0 the kernel still runs: empty sum 0, empty mean NaN
     block_r, block_c = _blocks(R, C)
     _gaussian_logprob_fwd_kernel[(triton.cdiv(R, block_r),)](
-        x, mean, std, out, R, C,
-        REDUCE=reduce, STD_PER_ROW=per_row, BLOCK_R=block_r, BLOCK_C=block_c,
+        x,
+        mean,
+        std,
+        out,
+        R,
+        C,
+        REDUCE=reduce,
+        STD_PER_ROW=per_row,
+        BLOCK_R=block_r,
+        BLOCK_C=block_c,
         num_warps=warps_for(block_r * block_c),
     )
     return out
@@ -170,8 +198,19 @@ def gaussian_logprob_bwd(
         return grad_x, grad_mean, grad_std.zero_()
     block_r, block_c = _blocks(R, C)
     _gaussian_logprob_bwd_kernel[(triton.cdiv(R, block_r),)](
-        grad_out, x, mean, std, grad_x, grad_mean, grad_std, R, C,
-        REDUCE=reduce, STD_PER_ROW=per_row, BLOCK_R=block_r, BLOCK_C=block_c,
+        grad_out,
+        x,
+        mean,
+        std,
+        grad_x,
+        grad_mean,
+        grad_std,
+        R,
+        C,
+        REDUCE=reduce,
+        STD_PER_ROW=per_row,
+        BLOCK_R=block_r,
+        BLOCK_C=block_c,
         num_warps=warps_for(block_r * block_c),
     )
     return grad_x, grad_mean, grad_std

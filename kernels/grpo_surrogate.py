@@ -12,6 +12,7 @@ Python and reach the kernel as fp32 scalars (Triton types Python floats as fp32)
 they are rounded to fp32. NaN log-probs propagate to the loss, gradient and ratio statistics as in
 the reference (clamps are written with tl.where, which keeps NaN, unlike min/max).
 """
+
 from __future__ import annotations
 
 import torch
@@ -48,8 +49,18 @@ def _clamp_keep_nan(x, lo, hi):
 
 @triton.jit
 def _grpo_surrogate_kernel(
-    logp_ptr, old_logp_ptr, adv_ptr, weights_ptr, mte_ptr, grad_ptr, partials_ptr,
-    T, L, BL, ratio_low, ratio_high,
+    logp_ptr,
+    old_logp_ptr,
+    adv_ptr,
+    weights_ptr,
+    mte_ptr,
+    grad_ptr,
+    partials_ptr,
+    T,
+    L,
+    BL,
+    ratio_low,
+    ratio_high,
     BLOCK: tl.constexpr,
 ):
     dt = grad_ptr.dtype.element_ty
@@ -125,8 +136,12 @@ def _check(logp, old_logp, advantages, weights, mte_mask) -> None:
     T, B, L = logp.shape
     if T < 1:
         raise ValueError(f"logp: expected T >= 1 trajectories on dim 0, got shape {tuple(logp.shape)}")
-    expected = {"old_logp": (old_logp, 3, (T, B, L)), "advantages": (advantages, 1, (B,)),
-                "weights": (weights, 2, (B, L)), "mte_mask": (mte_mask, 2, (B, L))}
+    expected = {
+        "old_logp": (old_logp, 3, (T, B, L)),
+        "advantages": (advantages, 1, (B,)),
+        "weights": (weights, 2, (B, L)),
+        "mte_mask": (mte_mask, 2, (B, L)),
+    }
     for name, (t, ndim, shape) in expected.items():
         require_contiguous(name, t, ndim)
         if tuple(t.shape) != shape:
@@ -140,8 +155,13 @@ def _block(BL: int) -> int:
 
 
 def grpo_surrogate_fwd(
-    logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, weights: torch.Tensor,
-    mte_mask: torch.Tensor, clip_low: float, clip_high: float,
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    weights: torch.Tensor,
+    mte_mask: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Clipped GRPO surrogate and its gradient in one pass (semantics: reference.grpo_surrogate_fwd).
 
@@ -160,9 +180,20 @@ def grpo_surrogate_fwd(
     partials = torch.empty((N_PARTIALS, n_programs), dtype=dt, device=logp.device)
     if n_programs > 0:
         _grpo_surrogate_kernel[(n_programs,)](
-            logp, old_logp, advantages, weights, mte_mask, grad, partials,
-            T, L, BL, 1.0 - clip_low, 1.0 + clip_high,
-            BLOCK=block, num_warps=warps_for(block),
+            logp,
+            old_logp,
+            advantages,
+            weights,
+            mte_mask,
+            grad,
+            partials,
+            T,
+            L,
+            BL,
+            1.0 - clip_low,
+            1.0 + clip_high,
+            BLOCK=block,
+            num_warps=warps_for(block),
         )
     finalize_block = min(triton.next_power_of_2(max(n_programs, 1)), MAX_FINALIZE_BLOCK)
     _grpo_finalize_kernel[(1,)](partials, loss, stats, n_programs, BLOCK=finalize_block, num_warps=warps_for(finalize_block))

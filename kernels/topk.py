@@ -14,6 +14,7 @@ Two building blocks, one program per row:
   Rows that fit one sort block (N <= MAX_SORT_BLOCK) are sorted whole in one launch; longer rows are
   first reduced to their k selected candidates, which are then sorted (k <= MAX_SORT_BLOCK).
 """
+
 from __future__ import annotations
 
 import torch
@@ -65,8 +66,13 @@ def _count_at_least(row_ptr, N, cands, KEY_BITS: tl.constexpr, BLOCK: tl.constex
 
 @triton.jit
 def _topk_select_kernel(
-    scores_ptr, out_ptr, N, k,
-    KEY_BITS: tl.constexpr, WRITE_INDICES: tl.constexpr, BLOCK: tl.constexpr,
+    scores_ptr,
+    out_ptr,
+    N,
+    k,
+    KEY_BITS: tl.constexpr,
+    WRITE_INDICES: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     row_ptr = scores_ptr + row * N
@@ -132,8 +138,16 @@ def _bitonic_sort_desc(key, idx, LOG_BLOCK: tl.constexpr, BLOCK: tl.constexpr):
 
 @triton.jit
 def _topk_sort_kernel(
-    scores_ptr, candidates_ptr, out_ptr, N, n_sort, k,
-    KEY_BITS: tl.constexpr, FROM_CANDIDATES: tl.constexpr, LOG_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
+    scores_ptr,
+    candidates_ptr,
+    out_ptr,
+    N,
+    n_sort,
+    k,
+    KEY_BITS: tl.constexpr,
+    FROM_CANDIDATES: tl.constexpr,
+    LOG_BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     """Sorts n_sort entries of a row (the whole row, or its k candidates) and writes the first k."""
     row = tl.program_id(0).to(tl.int64)
@@ -168,8 +182,14 @@ def _launch_select(scores: torch.Tensor, k: int, out: torch.Tensor, write_indice
     B, N = scores.shape
     block = min(triton.next_power_of_2(N), MAX_SELECT_BLOCK)
     _topk_select_kernel[(B,)](
-        scores, out, N, k,
-        KEY_BITS=_key_bits(scores), WRITE_INDICES=write_indices, BLOCK=block, num_warps=warps_for(block),
+        scores,
+        out,
+        N,
+        k,
+        KEY_BITS=_key_bits(scores),
+        WRITE_INDICES=write_indices,
+        BLOCK=block,
+        num_warps=warps_for(block),
     )
 
 
@@ -177,9 +197,17 @@ def _launch_sort(scores: torch.Tensor, candidates: torch.Tensor | None, n_sort: 
     B, N = scores.shape
     block = triton.next_power_of_2(n_sort)
     _topk_sort_kernel[(B,)](
-        scores, candidates if candidates is not None else out, out, N, n_sort, k,
-        KEY_BITS=_key_bits(scores), FROM_CANDIDATES=candidates is not None,
-        LOG_BLOCK=block.bit_length() - 1, BLOCK=block, num_warps=warps_for(block),
+        scores,
+        candidates if candidates is not None else out,
+        out,
+        N,
+        n_sort,
+        k,
+        KEY_BITS=_key_bits(scores),
+        FROM_CANDIDATES=candidates is not None,
+        LOG_BLOCK=block.bit_length() - 1,
+        BLOCK=block,
+        num_warps=warps_for(block),
     )
 
 
@@ -195,8 +223,7 @@ def _topk_indices(scores: torch.Tensor, k: int, max_sort_block: int) -> torch.Te
         return out
     if triton.next_power_of_2(k) > max_sort_block:
         raise ValueError(
-            f"k: rows of N = {N} > {max_sort_block} scores are sorted after selection, which needs "
-            f"k <= {max_sort_block}, got {k}"
+            f"k: rows of N = {N} > {max_sort_block} scores are sorted after selection, which needs k <= {max_sort_block}, got {k}"
         )
     candidates = torch.empty((B, k), dtype=torch.int32, device=scores.device)
     _launch_select(scores, k, candidates, write_indices=True)

@@ -8,6 +8,7 @@ in the rounding of the mean. Channels are walked in BLOCK_C
 chunks and the per-channel std summed, then divided by C. Math runs in the output dtype (fp32, or
 fp64 for fp64 samples).
 """
+
 from __future__ import annotations
 
 import torch
@@ -20,8 +21,7 @@ MAX_BLOCK_C = 64
 
 
 @triton.jit
-def _load_centered(samples_ptr, rows, c0, K, M, C, dt: tl.constexpr,
-                   BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr):
+def _load_centered(samples_ptr, rows, c0, K, M, C, dt: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr):
     """Loads the tile at channel c0 and returns (offsets, mask, samples - mean over K, std over K)."""
     ks = tl.arange(0, BLOCK_K)
     cols = c0 + tl.arange(0, BLOCK_C)
@@ -38,8 +38,14 @@ def _load_centered(samples_ptr, rows, c0, K, M, C, dt: tl.constexpr,
 
 @triton.jit
 def _trajectory_std_fwd_kernel(
-    samples_ptr, out_ptr, K, M, C,
-    BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
+    samples_ptr,
+    out_ptr,
+    K,
+    M,
+    C,
+    BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_C: tl.constexpr,
 ):
     dt = out_ptr.dtype.element_ty
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -53,8 +59,15 @@ def _trajectory_std_fwd_kernel(
 
 @triton.jit
 def _trajectory_std_bwd_kernel(
-    grad_out_ptr, samples_ptr, grad_ptr, K, M, C,
-    BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
+    grad_out_ptr,
+    samples_ptr,
+    grad_ptr,
+    K,
+    M,
+    C,
+    BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_C: tl.constexpr,
 ):
     dt = grad_ptr.dtype.element_ty
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -93,8 +106,15 @@ def trajectory_std_fwd(samples: torch.Tensor) -> torch.Tensor:
         return out.fill_(float("nan"))  # mean over zero channels, as torch's empty mean
     block_k, block_m, block_c = _blocks(K, M, C)
     _trajectory_std_fwd_kernel[(triton.cdiv(M, block_m),)](
-        samples, out, K, M, C,
-        BLOCK_K=block_k, BLOCK_M=block_m, BLOCK_C=block_c, num_warps=warps_for(block_k * block_m * block_c),
+        samples,
+        out,
+        K,
+        M,
+        C,
+        BLOCK_K=block_k,
+        BLOCK_M=block_m,
+        BLOCK_C=block_c,
+        num_warps=warps_for(block_k * block_m * block_c),
     )
     return out
 
@@ -111,7 +131,15 @@ def trajectory_std_bwd(grad_out: torch.Tensor, samples: torch.Tensor) -> torch.T
         return grad
     block_k, block_m, block_c = _blocks(K, M, C)
     _trajectory_std_bwd_kernel[(triton.cdiv(M, block_m),)](
-        grad_out, samples, grad, K, M, C,
-        BLOCK_K=block_k, BLOCK_M=block_m, BLOCK_C=block_c, num_warps=warps_for(block_k * block_m * block_c),
+        grad_out,
+        samples,
+        grad,
+        K,
+        M,
+        C,
+        BLOCK_K=block_k,
+        BLOCK_M=block_m,
+        BLOCK_C=block_c,
+        num_warps=warps_for(block_k * block_m * block_c),
     )
     return grad

@@ -1,6 +1,7 @@
 """The `margrpo` command: one subcommand per job, each implemented by a module's main(argv).
 
 Exit codes: 0 done; 2 a usage or configuration error (the message names the key, no traceback)."""
+
 from __future__ import annotations
 
 import importlib

@@ -7,6 +7,7 @@ number. A section's value rules are a table of `Rule`s that its dataclass checks
 path in a config file (INPUT_PATHS) is looked up beside the file first (load_config_file), so a
 config works from any working directory.
 """
+
 from __future__ import annotations
 
 import dataclasses

@@ -2,6 +2,7 @@
 and every method's parameters named and ordered as the protocol's (extra trailing optional
 parameters allowed). Used by the tests of margrpo's heads and backbones, and useful for your own.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -34,13 +35,18 @@ def protocol_mismatches(obj: object, protocol: type) -> list[str]:
         given = list(inspect.signature(impl).parameters.values())
         names = [p.name for p in given[: len(wanted)]]
         if names != [p.name for p in wanted]:
-            problems.append(f"{name}: got parameters ({', '.join(p.name for p in given)}), "
-                            f"expected ({', '.join(p.name for p in wanted)}) first")
+            problems.append(
+                f"{name}: got parameters ({', '.join(p.name for p in given)}), expected ({', '.join(p.name for p in wanted)}) first"
+            )
             continue
-        extra = [p.name for p in given[len(wanted):] if p.default is inspect.Parameter.empty
-                 and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
-        optional = [p.name for p, q in zip(given, wanted) if q.default is not inspect.Parameter.empty
-                    and p.default is inspect.Parameter.empty]
+        extra = [
+            p.name
+            for p in given[len(wanted) :]
+            if p.default is inspect.Parameter.empty and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        ]
+        optional = [
+            p.name for p, q in zip(given, wanted) if q.default is not inspect.Parameter.empty and p.default is inspect.Parameter.empty
+        ]
         if extra:
             problems.append(f"{name}: extra required parameters {extra}")
         if optional:

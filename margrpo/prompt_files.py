@@ -23,6 +23,7 @@ plus the CompBench keys derived from `objects` and `position` (keys given direct
     spatial_info   {"obj1": subject, "obj2": object, "locality": relation}
     numeracy_info  [{"obj_name": class, "num": count}, ...]
 """
+
 from __future__ import annotations
 
 import json
@@ -127,15 +128,15 @@ def _check_objects(objects: Any, where: str) -> list[str]:
 
 def _check_position(position: Any, classes: list[str], where: str) -> None:
     if not isinstance(position, dict) or set(position) != set(POSITION_KEYS):
-        raise PromptFileError(f"{where}: key 'position': got {position!r}, expected an object with exactly "
-                              f"{', '.join(POSITION_KEYS)}")
+        raise PromptFileError(f"{where}: key 'position': got {position!r}, expected an object with exactly {', '.join(POSITION_KEYS)}")
     for key in ("subject", "object"):
         if position[key] not in classes:
-            raise PromptFileError(f"{where}: key 'position'[{key!r}]: got {position[key]!r}, expected one of the "
-                                  f"'objects' classes ({', '.join(classes) or 'none given'})")
+            raise PromptFileError(
+                f"{where}: key 'position'[{key!r}]: got {position[key]!r}, expected one of the "
+                f"'objects' classes ({', '.join(classes) or 'none given'})"
+            )
     if position["relation"] not in LOCALITIES:
-        raise PromptFileError(f"{where}: key 'position'['relation']: got {position['relation']!r}, expected one of "
-                              f"{', '.join(LOCALITIES)}")
+        raise PromptFileError(f"{where}: key 'position'['relation']: got {position['relation']!r}, expected one of {', '.join(LOCALITIES)}")
 
 
 def reward_metadata(meta: dict[str, Any]) -> dict[str, Any]:
@@ -149,8 +150,7 @@ def reward_metadata(meta: dict[str, Any]) -> dict[str, Any]:
         derived["attr_nouns"] = [f"{o['color']} {o['class']}" if "color" in o else o["class"] for o in objects]
     if position is not None:
         derived["task_type"] = "spatial"
-        derived["spatial_info"] = {"obj1": position["subject"], "obj2": position["object"],
-                                   "locality": position["relation"]}
+        derived["spatial_info"] = {"obj1": position["subject"], "obj2": position["object"], "locality": position["relation"]}
     elif any(o.get("count", 1) > 1 for o in objects):
         derived["task_type"] = "numeracy"
         derived["numeracy_info"] = [{"obj_name": o["class"], "num": o.get("count", 1)} for o in objects]

@@ -14,6 +14,7 @@ of the pretraining evals). Writes DIR/NNN.png per prompt (a row of samples under
 caption) and DIR/grid.png with every row. When every prompt is a ShapesWorld prompt, also prints
 the verifier's per-category scores of the samples.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,7 +51,11 @@ class SampleConfig:
 
 @torch.no_grad()
 def generate_images(
-    model: MARBackbone, prompts: list[str], config: RolloutConfig, seeds: list[int], batch_size: int = 32,
+    model: MARBackbone,
+    prompts: list[str],
+    config: RolloutConfig,
+    seeds: list[int],
+    batch_size: int = 32,
     sampler=None,
 ) -> torch.Tensor:
     """float [B, 3, H, W] in [0, 1]: one image per (prompt, seed) with margrpo.rollout.generate,
@@ -120,12 +125,16 @@ def _shapes_summary(images: torch.Tensor, prompts: list[str]) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     """`margrpo sample --config FILE --prompts FILE --out DIR [...]` (see the module docstring)."""
     parser = argparse.ArgumentParser(prog="margrpo sample", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", help="YAML config (backbone:, and rollout: or pretrain.sampling); default: the "
-                        "config saved with --checkpoint")
+    parser.add_argument(
+        "--config", help="YAML config (backbone:, and rollout: or pretrain.sampling); default: the config saved with --checkpoint"
+    )
     parser.add_argument("--prompts", required=True, help="text file, one prompt per line, or .jsonl with metadata")
     parser.add_argument("--out", required=True, help="output directory for the PNG grids")
-    parser.add_argument("--checkpoint", help="a run checkpoint (<run>/checkpoints/step-*), a run directory (its newest), "
-                        "or a model directory of any family (default: the config's backbone.checkpoint)")
+    parser.add_argument(
+        "--checkpoint",
+        help="a run checkpoint (<run>/checkpoints/step-*), a run directory (its newest), "
+        "or a model directory of any family (default: the config's backbone.checkpoint)",
+    )
     parser.add_argument("--device", default="auto", help="cpu, cuda, ... (default auto: cuda when available)")
     parser.add_argument("--per-prompt", type=int, default=4, help="images per prompt (default 4)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the first image; image i uses seed + i")

@@ -19,6 +19,7 @@ fetch weights or tokenizers are replaced by ones returning the local random-init
 other hub call fails. This file runs in two roles: the driver (margrpo's venv) and, with --worker,
 the official side inside an oracle venv, where only the official package is imported.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,14 +58,17 @@ PROMPTS = [
     "romantic seascape painters, rich texture, dramatic contrast, and fine brushwork throughout the scene",
 ]
 # GIT VQA metadata: attribute phrases, nouns only, nothing (scores 1), spatial (not scored: 0)
-GIT_METADATA = [{"task_type": "color", "nouns": ["cat"], "attr_nouns": ["red cat"]},
-                {"task_type": "object", "nouns": ["dog", "cat"]},
-                {},
-                {"task_type": "spatial", "nouns": ["cat", "dog"],
-                 "spatial_info": {"obj1": "cat", "obj2": "dog", "locality": "left of"}}]
-HPS_SMALL = {"embed_dim": 64,  # ViT-H-14's layout (patch 14 at 224 px), two layers of each tower
-             "vision_cfg": {"image_size": 224, "layers": 2, "width": 64, "head_width": 32, "patch_size": 14},
-             "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 2}}
+GIT_METADATA = [
+    {"task_type": "color", "nouns": ["cat"], "attr_nouns": ["red cat"]},
+    {"task_type": "object", "nouns": ["dog", "cat"]},
+    {},
+    {"task_type": "spatial", "nouns": ["cat", "dog"], "spatial_info": {"obj1": "cat", "obj2": "dog", "locality": "left of"}},
+]
+HPS_SMALL = {
+    "embed_dim": 64,  # ViT-H-14's layout (patch 14 at 224 px), two layers of each tower
+    "vision_cfg": {"image_size": 224, "layers": 2, "width": 64, "head_width": 32, "patch_size": 14},
+    "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 2},
+}
 
 
 # ------------------------------------------------------------------------- venvs
@@ -88,17 +92,19 @@ def ensure_venv(cache_dir: Path, name: str) -> Path:
         import open_clip
 
         bpe = Path(open_clip.__file__).parent / "bpe_simple_vocab_16e6.txt.gz"
-        target = subprocess.run([str(python), "-c", "import importlib.util as u; "
-                                 "print(u.find_spec('hpsv2').submodule_search_locations[0])"],
-                                check=True, capture_output=True, text=True).stdout.strip()
+        target = subprocess.run(
+            [str(python), "-c", "import importlib.util as u; print(u.find_spec('hpsv2').submodule_search_locations[0])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
         (Path(target) / "src" / "open_clip" / bpe.name).write_bytes(bpe.read_bytes())
     stamp.write_text(wanted)
     return python
 
 
 def venv_versions(python: Path, packages: list[str]) -> dict[str, str]:
-    code = ("import importlib.metadata as m, json, sys; "
-            "print(json.dumps({p: m.version(p) for p in sys.argv[1:]}))")
+    code = "import importlib.metadata as m, json, sys; print(json.dumps({p: m.version(p) for p in sys.argv[1:]}))"
     out = subprocess.run([str(python), "-c", code, *packages], check=True, capture_output=True, text=True).stdout
     return json.loads(out)
 
@@ -124,8 +130,7 @@ def worker_hps(job: dict) -> list[float]:
     scores = []
     for image, prompt in zip(job["images"], job["prompts"]):
         try:
-            scores.append(float(img_score.score(Image.open(image), prompt, cp=job["checkpoint"],
-                                                hps_version="v2.1")[0]))
+            scores.append(float(img_score.score(Image.open(image), prompt, cp=job["checkpoint"], hps_version="v2.1")[0]))
         except RuntimeError as err:  # e.g. a non-square image whose long edge is already 224: left unpadded
             scores.append(f"{type(err).__name__}: {err}")
     return scores
@@ -164,8 +169,9 @@ def worker_clipscore(job: dict) -> dict:
 
     metric = CLIPScore(model_name_or_path=job["model"])
     images = [torch.from_numpy(np.array(Image.open(p).convert("RGB"))).permute(2, 0, 1) for p in job["images"]]
-    single = [float(_clip_score_update(image, prompt, metric.model, metric.processor)[0][0])
-              for image, prompt in zip(images, job["prompts"])]
+    single = [
+        float(_clip_score_update(image, prompt, metric.model, metric.processor)[0][0]) for image, prompt in zip(images, job["prompts"])
+    ]
     metric.update(images, job["prompts"])
     return {"single": single, "batch": float(metric.compute())}
 
@@ -207,8 +213,16 @@ def official_aesthetic(options: dict, images: list[Path], prompts: list[str]) ->
     state = torch.load(options["path"], map_location="cpu", weights_only=True)
     width = state["layers.0.weight"].shape[1]
     head = nn.Module()
-    head.layers = nn.Sequential(nn.Linear(width, 1024), nn.Dropout(0.2), nn.Linear(1024, 128), nn.Dropout(0.2),
-                                nn.Linear(128, 64), nn.Dropout(0.1), nn.Linear(64, 16), nn.Linear(16, 1))
+    head.layers = nn.Sequential(
+        nn.Linear(width, 1024),
+        nn.Dropout(0.2),
+        nn.Linear(1024, 128),
+        nn.Dropout(0.2),
+        nn.Linear(128, 64),
+        nn.Dropout(0.1),
+        nn.Linear(64, 16),
+        nn.Linear(16, 1),
+    )
     head.load_state_dict(state)
     head.eval()
     processor = CLIPImageProcessor.from_pretrained(options["clip_path"], local_files_only=True)
@@ -313,23 +327,24 @@ def read_uint8(path: Path):
     return torch.from_numpy(np.array(Image.open(path).convert("RGB"))).permute(2, 0, 1)[None]
 
 
-def margrpo_scores(name: str, options: dict, images: list[Path], prompts: list[str],
-                   metadata: list[dict] | None = None) -> list[float]:
+def margrpo_scores(name: str, options: dict, images: list[Path], prompts: list[str], metadata: list[dict] | None = None) -> list[float]:
     """margrpo's reward on each case, one image at a time (the sizes differ)."""
     from margrpo.rewards import build_reward
 
     reward = build_reward(name, device="cpu", **options)
     metadata = metadata or [{} for _ in images]
-    return [float(reward(read_uint8(image), [prompt], [meta])[0])
-            for image, prompt, meta in zip(images, prompts, metadata)]
+    return [float(reward(read_uint8(image), [prompt], [meta])[0]) for image, prompt, meta in zip(images, prompts, metadata)]
 
 
 def run_worker(python: Path, name: str, job: dict, scratch: Path):
     job_file, out_file = scratch / f"{name}-job.json", scratch / f"{name}-out.json"
     job_file.write_text(json.dumps(job))
     offline = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}  # a hub call fails, never fetches
-    subprocess.run([str(python), str(Path(__file__).resolve()), "--worker", name, "--job", str(job_file),
-                    "--out", str(out_file)], check=True, env=offline)
+    subprocess.run(
+        [str(python), str(Path(__file__).resolve()), "--worker", name, "--job", str(job_file), "--out", str(out_file)],
+        check=True,
+        env=offline,
+    )
     return json.loads(out_file.read_text())
 
 
@@ -339,18 +354,29 @@ def cases(images: list[Path]) -> tuple[list[Path], list[str]]:
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
-def compare(name: str, official: list[float], ours: list[float], images: list[Path], prompts: list[str],
-            **alternatives: list[float]) -> dict:
+def compare(
+    name: str, official: list[float], ours: list[float], images: list[Path], prompts: list[str], **alternatives: list[float]
+) -> dict:
     """Rows per case; an official score that is a string is the error the official code raised."""
     rows = []
     for i, (a, b) in enumerate(zip(official, ours)):
-        row = {"image": images[i].stem.removeprefix("image-"), "prompt_words": len(prompts[i].split()),
-               "official": a, "margrpo": b, "abs_diff": abs(a - b) if isinstance(a, float) else None}
+        row = {
+            "image": images[i].stem.removeprefix("image-"),
+            "prompt_words": len(prompts[i].split()),
+            "official": a,
+            "margrpo": b,
+            "abs_diff": abs(a - b) if isinstance(a, float) else None,
+        }
         row.update({k: v[i] for k, v in alternatives.items()})
         rows.append(row)
     scored = [r for r in rows if r["abs_diff"] is not None]
-    result = {"reward": name, "rows": rows, "max_abs_diff": max(r["abs_diff"] for r in scored),
-              "max_abs_official": max(abs(r["official"]) for r in scored), "official_failed": len(rows) - len(scored)}
+    result = {
+        "reward": name,
+        "rows": rows,
+        "max_abs_diff": max(r["abs_diff"] for r in scored),
+        "max_abs_official": max(abs(r["official"]) for r in scored),
+        "official_failed": len(rows) - len(scored),
+    }
     if "on_processor_pixels" in alternatives:
         result["max_abs_diff_on_processor_pixels"] = max(abs(r["official"] - r["on_processor_pixels"]) for r in scored)
     return result
@@ -362,20 +388,35 @@ def oracle(name: str, scratch: Path, cache_dir: Path, hps_size: str) -> dict:
     images = make_images(scratch)
     started = time.perf_counter()
     if name == "hps":
-        options = synthetic.write("hps", scratch, "full")  if hps_size == "full" else _small_hps(scratch)
+        options = synthetic.write("hps", scratch, "full") if hps_size == "full" else _small_hps(scratch)
         imgs, prompts = cases(images)
-        job = {"checkpoint": options["path"], "images": [str(p) for p in imgs], "prompts": prompts,
-               "model_cfg": None if hps_size == "full" else HPS_SMALL}
+        job = {
+            "checkpoint": options["path"],
+            "images": [str(p) for p in imgs],
+            "prompts": prompts,
+            "model_cfg": None if hps_size == "full" else HPS_SMALL,
+        }
         official = run_worker(ensure_venv(cache_dir, "hpsv2"), "hps", job, scratch)
-        result = compare(name, official, margrpo_scores("hps", options, imgs, prompts), imgs, prompts,
-                         center_crop=margrpo_scores("hps", {**options, "preprocess": "center_crop"}, imgs, prompts))
+        result = compare(
+            name,
+            official,
+            margrpo_scores("hps", options, imgs, prompts),
+            imgs,
+            prompts,
+            center_crop=margrpo_scores("hps", {**options, "preprocess": "center_crop"}, imgs, prompts),
+        )
         result["model"] = f"ViT-H-14 layout, {'full size' if hps_size == 'full' else 'small (2+2 layers, width 64)'}"
     elif name == "image_reward":
         options = synthetic.write("image_reward", scratch, "full")  # the package hard-codes ViT-L and a 768 head
         directory = Path(options["path"])
         imgs, prompts = images, [PROMPTS[i % len(PROMPTS)] for i in range(len(images))]
-        job = {"checkpoint": str(directory / "ImageReward.pt"), "med_config": str(directory / "med_config.json"),
-               "bert": str(directory / "bert-base-uncased"), "images": [str(p) for p in imgs], "prompts": prompts}
+        job = {
+            "checkpoint": str(directory / "ImageReward.pt"),
+            "med_config": str(directory / "med_config.json"),
+            "bert": str(directory / "bert-base-uncased"),
+            "images": [str(p) for p in imgs],
+            "prompts": prompts,
+        }
         official = run_worker(ensure_venv(cache_dir, "image_reward"), "image_reward", job, scratch)
         result = compare(name, official, margrpo_scores("image_reward", options, imgs, prompts), imgs, prompts)
         result["model"] = "full size (BLIP ViT-L/16 + BERT-base with cross-attention)"
@@ -386,29 +427,43 @@ def oracle(name: str, scratch: Path, cache_dir: Path, hps_size: str) -> dict:
         job = {"model": options["path"], "images": [str(p) for p in imgs], "prompts": prompts}
         official = run_worker(ensure_venv(cache_dir, "torchmetrics"), "clipscore", job, scratch)
         tm = margrpo_scores("clipscore", {**options, "mode": "torchmetrics"}, imgs, prompts)
-        result = compare(name, official["single"], tm, imgs, prompts,
-                         per_image=margrpo_scores("clipscore", options, imgs, prompts),
-                         on_processor_pixels=margrpo_on_processor_pixels(
-                             "clipscore", {**options, "mode": "torchmetrics"}, imgs, prompts))
+        result = compare(
+            name,
+            official["single"],
+            tm,
+            imgs,
+            prompts,
+            per_image=margrpo_scores("clipscore", options, imgs, prompts),
+            on_processor_pixels=margrpo_on_processor_pixels("clipscore", {**options, "mode": "torchmetrics"}, imgs, prompts),
+        )
         result["batch"] = {"official": official["batch"], "margrpo": max(sum(tm) / len(tm), 0.0)}
         result["model"] = "tiny CLIP (16-token context, so prompts over 16 tokens are cut), mode='torchmetrics'"
     elif name in ("pickscore", "aesthetic"):  # CLIP-based: compared on our pixels and the processor's
         options = synthetic.write(name, scratch, "tiny")
         imgs, prompts = cases(images) if name == "pickscore" else (images, [PROMPTS[0]] * len(images))
         official = official_pickscore if name == "pickscore" else official_aesthetic
-        result = compare(name, official(options, imgs, prompts),
-                         margrpo_scores(name, options, imgs, prompts), imgs, prompts,
-                         on_processor_pixels=margrpo_on_processor_pixels(name, options, imgs, prompts))
+        result = compare(
+            name,
+            official(options, imgs, prompts),
+            margrpo_scores(name, options, imgs, prompts),
+            imgs,
+            prompts,
+            on_processor_pixels=margrpo_on_processor_pixels(name, options, imgs, prompts),
+        )
         result["model"] = "tiny CLIP (16-token context)" if name == "pickscore" else "tiny CLIP + the published head layout"
     elif name == "git_vqa":
         options = synthetic.write("git_vqa", scratch, "tiny")
         imgs = [image for image in images for _ in GIT_METADATA]
         metadata = [meta for _ in images for meta in GIT_METADATA]
         prompts = [PROMPTS[0]] * len(imgs)
-        result = compare(name, official_git(options, imgs, prompts, metadata),
-                         margrpo_scores("git_vqa", options, imgs, prompts, metadata), imgs, prompts,
-                         ask_prompt=margrpo_scores("git_vqa", {**options, "no_nouns": "ask_prompt"}, imgs, prompts,
-                                                   metadata))
+        result = compare(
+            name,
+            official_git(options, imgs, prompts, metadata),
+            margrpo_scores("git_vqa", options, imgs, prompts, metadata),
+            imgs,
+            prompts,
+            ask_prompt=margrpo_scores("git_vqa", {**options, "no_nouns": "ask_prompt"}, imgs, prompts, metadata),
+        )
         for row, meta in zip(result["rows"], metadata):
             row["metadata"] = meta.get("task_type", "none") + ("+attr" if meta.get("attr_nouns") else "")
         result["model"] = "tiny GIT"
@@ -435,36 +490,55 @@ def _small_hps(scratch: Path) -> dict:
 
 
 def markdown(results: list[dict], versions: dict, machine: str) -> str:
-    lines = ["# Reward oracle: margrpo against the official packages (2026-12-02)", "",
-             f"Machine: {machine}. Command: `python scripts/reward_oracle.py --cache-dir /work` "
-             "(margrpo's venv; the official packages in their own venvs).", "",
-             "Same random-init weights in the official file layouts, same uint8 pixels (PNG files), "
-             f"images {', '.join(f'{h}x{w}' for h, w in SIZES)} (height x width), prompts of "
-             f"{', '.join(str(len(p.split())) for p in PROMPTS)} words.", "",
-             "| reward | official side | model | cases | official failed | max abs diff | max abs score | seconds |",
-             "|---|---|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "# Reward oracle: margrpo against the official packages (2026-12-02)",
+        "",
+        f"Machine: {machine}. Command: `python scripts/reward_oracle.py --cache-dir /work` "
+        "(margrpo's venv; the official packages in their own venvs).",
+        "",
+        "Same random-init weights in the official file layouts, same uint8 pixels (PNG files), "
+        f"images {', '.join(f'{h}x{w}' for h, w in SIZES)} (height x width), prompts of "
+        f"{', '.join(str(len(p.split())) for p in PROMPTS)} words.",
+        "",
+        "| reward | official side | model | cases | official failed | max abs diff | max abs score | seconds |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+    ]
     for r in results:
-        lines.append(f"| {r['reward']} | {r['official_side']} | {r['model']} | {len(r['rows'])} | "
-                     f"{r['official_failed']} | {r['max_abs_diff']:.2e} | {r['max_abs_official']:.4g} | {r['seconds']} |")
-    lines += ["", "Package versions in the oracle venvs: " + "; ".join(
-        f"{venv}: " + ", ".join(f"{k} {v}" for k, v in pkgs.items()) for venv, pkgs in versions.items()), ""]
-    same_pixels = [f"{r['reward']} {r['max_abs_diff_on_processor_pixels']:.1e}" for r in results
-                   if "max_abs_diff_on_processor_pixels" in r]
+        lines.append(
+            f"| {r['reward']} | {r['official_side']} | {r['model']} | {len(r['rows'])} | "
+            f"{r['official_failed']} | {r['max_abs_diff']:.2e} | {r['max_abs_official']:.4g} | {r['seconds']} |"
+        )
+    lines += [
+        "",
+        "Package versions in the oracle venvs: "
+        + "; ".join(f"{venv}: " + ", ".join(f"{k} {v}" for k, v in pkgs.items()) for venv, pkgs in versions.items()),
+        "",
+    ]
+    same_pixels = [f"{r['reward']} {r['max_abs_diff_on_processor_pixels']:.1e}" for r in results if "max_abs_diff_on_processor_pixels" in r]
     if same_pixels:
-        lines += ["pickscore, aesthetic, clipscore: the official code resizes with PIL on uint8, margrpo on float "
-                  "tensors; fed the processor's pixels instead (column on_processor_pixels), margrpo's networks "
-                  "differ from the official scores by at most " + ", ".join(same_pixels) + ".", ""]
+        lines += [
+            "pickscore, aesthetic, clipscore: the official code resizes with PIL on uint8, margrpo on float "
+            "tensors; fed the processor's pixels instead (column on_processor_pixels), margrpo's networks "
+            "differ from the official scores by at most " + ", ".join(same_pixels) + ".",
+            "",
+        ]
     for r in results:
         extra = [k for k in r["rows"][0] if k not in ("image", "prompt_words", "official", "margrpo", "abs_diff")]
         lines += [f"## {r['reward']}", ""]
         if "batch" in r:
-            lines += [f"Batch of all {len(r['rows'])} cases: torchmetrics {r['batch']['official']:.6f}, margrpo "
-                      f"max(mean, 0) {r['batch']['margrpo']:.6f}.", ""]
-        lines += ["| image | prompt words | " + " | ".join(extra) + (" | " if extra else "") +
-                  "official | margrpo | abs diff |", "|---|---:|" + "---:|" * (len(extra) + 3)]
+            lines += [
+                f"Batch of all {len(r['rows'])} cases: torchmetrics {r['batch']['official']:.6f}, margrpo "
+                f"max(mean, 0) {r['batch']['margrpo']:.6f}.",
+                "",
+            ]
+        lines += [
+            "| image | prompt words | " + " | ".join(extra) + (" | " if extra else "") + "official | margrpo | abs diff |",
+            "|---|---:|" + "---:|" * (len(extra) + 3),
+        ]
         for row in r["rows"]:
             cells = [row["image"], str(row["prompt_words"])] + [
-                f"{row[k]:.6f}" if isinstance(row[k], float) else str(row[k]) for k in extra]
+                f"{row[k]:.6f}" if isinstance(row[k], float) else str(row[k]) for k in extra
+            ]
             if row["abs_diff"] is None:
                 cells += [f"fails: {row['official'][:90]}", f"{row['margrpo']:.6f}", "-"]
             else:
@@ -474,15 +548,21 @@ def markdown(results: list[dict], versions: dict, machine: str) -> str:
     return "\n".join(lines)
 
 
-OFFICIAL_SIDE = {"hps": "hpsv2.score", "image_reward": "ImageReward.load().score",
-                 "clipscore": "torchmetrics CLIPScore", "pickscore": "model-card procedure",
-                 "aesthetic": "predictor procedure", "git_vqa": "MAR-GRPO reference procedure"}
+OFFICIAL_SIDE = {
+    "hps": "hpsv2.score",
+    "image_reward": "ImageReward.load().score",
+    "clipscore": "torchmetrics CLIPScore",
+    "pickscore": "model-card procedure",
+    "aesthetic": "predictor procedure",
+    "git_vqa": "MAR-GRPO reference procedure",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "margrpo-oracle",
-                        help="where the oracle venvs live (venv-oracle-NAME)")
+    parser.add_argument(
+        "--cache-dir", type=Path, default=Path.home() / ".cache" / "margrpo-oracle", help="where the oracle venvs live (venv-oracle-NAME)"
+    )
     parser.add_argument("--rewards", default=",".join(REWARDS))
     parser.add_argument("--hps-size", choices=("small", "full"), default="small")
     parser.add_argument("--markdown", type=Path)
@@ -510,8 +590,11 @@ def main(argv: list[str] | None = None) -> int:
             result = oracle(name, scratch, args.cache_dir, args.hps_size)
             result["official_side"] = OFFICIAL_SIDE[name]
             results.append(result)
-            print(f"{name}: max abs diff {result['max_abs_diff']:.2e} over {len(result['rows'])} cases, "
-                  f"{result['official_failed']} failed on the official side ({result['seconds']} s)", flush=True)
+            print(
+                f"{name}: max abs diff {result['max_abs_diff']:.2e} over {len(result['rows'])} cases, "
+                f"{result['official_failed']} failed on the official side ({result['seconds']} s)",
+                flush=True,
+            )
     for name in names:
         if name in VENV_OF:
             venv = VENV_OF[name]

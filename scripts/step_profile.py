@@ -22,6 +22,7 @@ The run directory is a temporary one and run.threads is 1; further key=value ove
 config. The counts are of code paths, so they do not depend on the machine; smaller batches take the
 same paths (the overrides are printed with the counts all the same).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -80,8 +81,11 @@ def count_calls(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any,
         sys.setprofile(previous)
         threading.setprofile(None)  # None removes the hook
     # co_qualname (Class.method) is Python 3.11+; 3.10 has the bare name only
-    functions = frozenset(Function(code.co_filename, code.co_firstlineno, getattr(code, "co_qualname", code.co_name))
-                          for code in codes if code.co_name not in NOT_FUNCTIONS)
+    functions = frozenset(
+        Function(code.co_filename, code.co_firstlineno, getattr(code, "co_qualname", code.co_name))
+        for code in codes
+        if code.co_name not in NOT_FUNCTIONS
+    )
     return result, CallCount(functions)
 
 
@@ -108,8 +112,10 @@ def short(file: str) -> str:
 
 def report(phase: str, count: CallCount, roots: list[Path], top: int) -> list[str]:
     ours = count.where(under(roots))
-    lines = [f"{phase}: margrpo {len(ours.functions)} functions in {len(ours.files)} files; "
-             f"all {len(count.functions)} functions in {len(count.files)} files"]
+    lines = [
+        f"{phase}: margrpo {len(ours.functions)} functions in {len(ours.files)} files; "
+        f"all {len(count.functions)} functions in {len(count.files)} files"
+    ]
     for file, n in ours.files.most_common(top):
         lines.append(f"  {n:4d}  {short(file)}")
     return lines

@@ -3,6 +3,7 @@
 Without CUDA, Triton kernels run in the interpreter on CPU tensors: TRITON_INTERPRET must be set
 before anything imports triton (importing torch does not).
 """
+
 from __future__ import annotations
 
 import os
@@ -36,8 +37,9 @@ TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-3, tor
 
 
 def pytest_addoption(parser):
-    parser.addoption("--oracle", action="store_true",
-                     help="run the reward oracle tests (build venvs with the official reward packages; minutes)")
+    parser.addoption(
+        "--oracle", action="store_true", help="run the reward oracle tests (build venvs with the official reward packages; minutes)"
+    )
 
 
 def pytest_collection_modifyitems(config, items):
@@ -114,9 +116,7 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtyp
     """Compare with the float64 expectation at `dtype`'s tolerance (relative, and absolute times
     `scale`, the magnitude of the summands behind each value where cancellation can occur)."""
     tol = TOLERANCE[dtype]
-    torch.testing.assert_close(
-        actual.detach().cpu().double(), expected.detach().cpu().double(), rtol=tol, atol=tol * scale, equal_nan=True
-    )
+    torch.testing.assert_close(actual.detach().cpu().double(), expected.detach().cpu().double(), rtol=tol, atol=tol * scale, equal_nan=True)
 
 
 def randn(gen: torch.Generator, *shape: int, dtype=torch.float64, device="cpu", scale: float = 1.0, shift: float = 0.0):
@@ -132,8 +132,9 @@ def tiny_float64_mar(seed: int, train_backbone: bool = False):
     from margrpo.models.tiny import TinyMAR, TinyMARConfig
 
     torch.manual_seed(seed)
-    model = TinyMAR(TinyMARConfig(image_size=16, patch_size=4, width=32, depth=1, num_heads=2, head_width=32,
-                                  head_depth=1, diffusion_steps=6))
+    model = TinyMAR(
+        TinyMARConfig(image_size=16, patch_size=4, width=32, depth=1, num_heads=2, head_width=32, head_depth=1, diffusion_steps=6)
+    )
     with torch.no_grad():
         reinit_zero_layers_(model.head, std=0.2)
     model = model.double().eval().requires_grad_(False)
@@ -148,8 +149,7 @@ def make_tiny_checkpoint(tmp_path_factory, depth: int) -> Path:
     from margrpo.models.tiny import TinyMAR, TinyMARConfig
 
     torch.manual_seed(0)
-    config = TinyMARConfig(patch_size=8, width=32, depth=depth, num_heads=2, head_width=32, head_depth=1,
-                           diffusion_steps=6)
+    config = TinyMARConfig(patch_size=8, width=32, depth=depth, num_heads=2, head_width=32, head_depth=1, diffusion_steps=6)
     model = TinyMAR(config)
     reinit_zero_layers_(model.head, std=0.02)  # adaLN-zero would make the head ignore z
     path = tmp_path_factory.mktemp("tiny") / "ckpt"
@@ -163,6 +163,12 @@ def make_small_trainer(tmp_path, checkpoint, *overrides):
     from margrpo.train.config import load_config
     from margrpo.train.trainer import Trainer
 
-    base = [f"backbone.checkpoint={checkpoint}", f"run.out_dir={tmp_path / 'run'}", "run.tensorboard=false",
-            "run.eval_every=0", "run.save_every=0", "run.threads=1"]
+    base = [
+        f"backbone.checkpoint={checkpoint}",
+        f"run.out_dir={tmp_path / 'run'}",
+        "run.tensorboard=false",
+        "run.eval_every=0",
+        "run.save_every=0",
+        "run.threads=1",
+    ]
     return Trainer(load_config(None, [*base, *overrides]), create_run_dir=False)

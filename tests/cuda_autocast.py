@@ -9,6 +9,7 @@ ops (float32 for the fp32 lists, the autocast dtype for the few matmul-like ops 
 widest dtype for CUDA's promote list) for the duration of the context.
 Op lists: aten/src/ATen/autocast_mode.cpp (CUDA), torch 2.x.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -19,13 +20,56 @@ from torch.utils._pytree import tree_map
 
 # CUDA CastPolicy::fp32 and fp32_set_opt_dtype (an unset dtype means float32) ops
 FP32 = (
-    "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal", "rsqrt", "sinh",
-    "tan", "pow.Tensor_Scalar", "pow.Tensor_Tensor", "pow.Scalar", "softplus", "layer_norm", "native_layer_norm",
-    "group_norm", "frobenius_norm.dim", "nuclear_norm", "cosine_similarity", "poisson_nll_loss",
-    "cosine_embedding_loss", "nll_loss", "hinge_embedding_loss", "kl_div", "l1_loss", "smooth_l1_loss", "huber_loss",
-    "mse_loss", "margin_ranking_loss", "soft_margin_loss", "triplet_margin_loss", "binary_cross_entropy_with_logits",
-    "dist", "pdist", "cdist", "renorm", "logsumexp",
-    "prod", "prod.dim_int", "softmax.int", "log_softmax.int", "cumprod", "cumsum", "linalg_vector_norm", "sum",
+    "acos",
+    "asin",
+    "cosh",
+    "erfinv",
+    "exp",
+    "expm1",
+    "log",
+    "log10",
+    "log2",
+    "log1p",
+    "reciprocal",
+    "rsqrt",
+    "sinh",
+    "tan",
+    "pow.Tensor_Scalar",
+    "pow.Tensor_Tensor",
+    "pow.Scalar",
+    "softplus",
+    "layer_norm",
+    "native_layer_norm",
+    "group_norm",
+    "frobenius_norm.dim",
+    "nuclear_norm",
+    "cosine_similarity",
+    "poisson_nll_loss",
+    "cosine_embedding_loss",
+    "nll_loss",
+    "hinge_embedding_loss",
+    "kl_div",
+    "l1_loss",
+    "smooth_l1_loss",
+    "huber_loss",
+    "mse_loss",
+    "margin_ranking_loss",
+    "soft_margin_loss",
+    "triplet_margin_loss",
+    "binary_cross_entropy_with_logits",
+    "dist",
+    "pdist",
+    "cdist",
+    "renorm",
+    "logsumexp",
+    "prod",
+    "prod.dim_int",
+    "softmax.int",
+    "log_softmax.int",
+    "cumprod",
+    "cumsum",
+    "linalg_vector_norm",
+    "sum",
     "sum.dim_IntList",
 )
 LOWER = ("einsum", "mv", "addmv", "addr", "chain_matmul", "linalg_multi_dot")  # lower precision on CUDA, not on CPU

@@ -11,6 +11,7 @@ rows for x_T (the same rows for both CFG halves), then 2N rows per step, and gui
 comes from margrpo's mar_sampler: this stand-in checks the recipe's noise and guidance mapping, not
 the IDDPM arithmetic (tests/test_diffusion.py does).
 """
+
 from __future__ import annotations
 
 import math
@@ -85,7 +86,7 @@ class SimpleMLPAdaLN(nn.Module):
     def forward_with_cfg(self, x, t, c, cfg_scale):
         half = x[: len(x) // 2]
         out = self.forward(torch.cat([half, half]), t, c)
-        eps, rest = out[:, :self.in_channels], out[:, self.in_channels:]
+        eps, rest = out[:, : self.in_channels], out[:, self.in_channels :]
         cond, uncond = eps.chunk(2)
         guided = uncond + cfg_scale * (cond - uncond)
         return torch.cat([torch.cat([guided, guided]), rest], dim=1)
@@ -117,8 +118,7 @@ class DiffLoss(nn.Module):
 class MAR(nn.Module):
     """Class-conditional masked autoregression over seq_len tokens of token_embed_dim channels."""
 
-    def __init__(self, seq_len: int = 16, token_embed_dim: int = 4, width: int = 32, num_classes: int = 10,
-                 num_sampling_steps: int = 10):
+    def __init__(self, seq_len: int = 16, token_embed_dim: int = 4, width: int = 32, num_classes: int = 10, num_sampling_steps: int = 10):
         super().__init__()
         self.seq_len, self.token_embed_dim = seq_len, token_embed_dim
         self.class_emb = nn.Embedding(num_classes, width)
@@ -138,7 +138,7 @@ class MAR(nn.Module):
         return self.decoder(torch.where(mask[..., None].bool(), self.mask_token, x))
 
     def unpatchify(self, x):
-        side = int(self.seq_len ** 0.5)
+        side = int(self.seq_len**0.5)
         return x.transpose(1, 2).reshape(len(x), self.token_embed_dim, side, side)
 
 

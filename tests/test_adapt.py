@@ -1,5 +1,6 @@
 """margrpo.heads.adapt: a foreign head module through the fused multi-seed path, compared in
 float64 with margrpo's own head (same weights) and with one-chain-at-a-time loops."""
+
 from __future__ import annotations
 
 import math
@@ -11,7 +12,14 @@ from torch import nn
 
 from margrpo.diffusion import DDPMSampler, mar_sampler
 from margrpo.heads import (
-    DiffusionHead, ForwardHead, Guidance, MARLayoutHead, SimpleMLPAdaLN, adapt, denoise_logprob, multi_seed_denoise,
+    DiffusionHead,
+    ForwardHead,
+    Guidance,
+    MARLayoutHead,
+    SimpleMLPAdaLN,
+    adapt,
+    denoise_logprob,
+    multi_seed_denoise,
 )
 from margrpo.heads.reference import eager_denoise_logprob, eager_multi_seed_denoise
 

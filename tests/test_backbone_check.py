@@ -1,5 +1,6 @@
 """The MARBackbone protocol is checked where a backbone is passed in (generate, rollout_logprob,
 load_backbone, the trainer): an error that names the missing member, before any work."""
+
 from __future__ import annotations
 
 import pytest
@@ -63,8 +64,10 @@ def test_a_complete_backbone_passes_and_generates():
     assert generate(model, ["a", "b"], CONFIG, [0, 1]).images.shape == (2, 3, 2, 2)
 
 
-@pytest.mark.parametrize("cls, named", [(NoDecode, "decode: got NoneType, expected a method"),
-                                        (OldForwardZ, r"forward_z: got parameters \(prompts, canvas, mask\)")])
+@pytest.mark.parametrize(
+    "cls, named",
+    [(NoDecode, "decode: got NoneType, expected a method"), (OldForwardZ, r"forward_z: got parameters \(prompts, canvas, mask\)")],
+)
 def test_generate_names_the_member_before_any_work(cls, named):
     model = cls()
     calls = []

@@ -1,4 +1,5 @@
 """The benchmark harness itself: interleaved timing, fair eager baselines, non-square token counts."""
+
 from __future__ import annotations
 
 import pytest
@@ -18,8 +19,7 @@ def test_methods_run_interleaved_once_per_round():
     for r in range(5):
         assert sorted(rounds[3 * r : 3 * r + 3]) == ["a", "b", "c"]  # every method once per round
     assert len({tuple(rounds[3 * r : 3 * r + 3]) for r in range(5)}) > 1  # in a changing order
-    median, fastest = interleaved_ms({"a": fns["a"]}, torch.device("cpu"), min_time_s=0.0, warmup=0,
-                                     min_rounds=3, max_rounds=3)["a"]
+    median, fastest = interleaved_ms({"a": fns["a"]}, torch.device("cpu"), min_time_s=0.0, warmup=0, min_rounds=3, max_rounds=3)["a"]
     assert fastest <= median
 
 

@@ -1,4 +1,5 @@
 """`margrpo bench host --sections ops`: each public op against its raw kernel call, interleaved."""
+
 from __future__ import annotations
 
 import json

@@ -1,5 +1,6 @@
 """The benchmark report itself (not speed): percentiles, paired ratios, the recorded interleaving
 order, backward timed apart from its forward, memory, and the JSON / table / plot of `bench ops`."""
+
 from __future__ import annotations
 
 import json
@@ -62,8 +63,7 @@ def _fake_bench() -> bench_ops.OpBench:
         return {"x": torch.randn(dims[1] * dims[2], device=device, requires_grad=True)}
 
     def impls(device, compile):
-        return {"eager": lambda t: t["x"] * 2, "fused": lambda t: _Counted.apply(t["x"]),
-                "kernel[fake]": lambda t: t["x"].detach() * 2}
+        return {"eager": lambda t: t["x"] * 2, "fused": lambda t: _Counted.apply(t["x"]), "kernel[fake]": lambda t: t["x"].detach() * 2}
 
     def close(got, expected):
         torch.testing.assert_close(got, expected)
@@ -79,8 +79,18 @@ def test_each_mode_times_only_its_own_pass(monkeypatch, mode, timed):
     log.clear()
     monkeypatch.setattr(timing, "_now", lambda: log.append("tick") or 0.0)
     rounds = 4
-    result = bench_ops.run(("fake",), bench_ops.token_sweep((8,), k=2), CPU, (mode,), compile=False, min_time_s=0.0,
-                           warmup=1, min_rounds=rounds, max_rounds=rounds, benches={"fake": _fake_bench()})
+    result = bench_ops.run(
+        ("fake",),
+        bench_ops.token_sweep((8,), k=2),
+        CPU,
+        (mode,),
+        compile=False,
+        min_time_s=0.0,
+        warmup=1,
+        min_rounds=rounds,
+        max_rounds=rounds,
+        benches={"fake": _fake_bench()},
+    )
     inside, is_timed = [], False
     for event in log:
         if event == "tick":
@@ -99,8 +109,16 @@ def test_each_mode_times_only_its_own_pass(monkeypatch, mode, timed):
 
 
 def test_ops_report_structure():
-    result = bench_ops.run(("gaussian_logprob", "consistency_mask"), bench_ops.token_sweep((64, 128), k=2), CPU,
-                           compile=False, min_time_s=0.0, warmup=1, min_rounds=3, max_rounds=3)
+    result = bench_ops.run(
+        ("gaussian_logprob", "consistency_mask"),
+        bench_ops.token_sweep((64, 128), k=2),
+        CPU,
+        compile=False,
+        min_time_s=0.0,
+        warmup=1,
+        min_rounds=3,
+        max_rounds=3,
+    )
     modes = {(r.op, r.mode) for r in result.rows}
     assert modes == {("gaussian_logprob", m) for m in bench_ops.MODES} | {("consistency_mask", "forward")}
     for r in result.rows:
@@ -137,8 +155,10 @@ def test_token_sweep_checks_its_sizes():
 
 def test_cli_quick_writes_table_json_and_plot(tmp_path, capsys):
     out, png = tmp_path / "ops.json", tmp_path / "ops.png"
-    assert bench_ops.main(["--quick", "--device", "cpu", "--ops", "grpo_surrogate", "--tokens", "64",
-                           "--json", str(out), "--plot", str(png)]) == 0
+    assert (
+        bench_ops.main(["--quick", "--device", "cpu", "--ops", "grpo_surrogate", "--tokens", "64", "--json", str(out), "--plot", str(png)])
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "load average (1/5/15 min)" in printed and "torch " in printed and "memory: " in printed
     assert "| grpo_surrogate | backward | 64 tokens" in printed
@@ -169,8 +189,27 @@ def test_rollout_report_structure(tmp_path, capsys):
     from margrpo.bench import rollout as bench_rollout
 
     out = tmp_path / "rollout.json"
-    assert bench_rollout.main(["--models", "tiny", "--paths", "fused,reference", "--batch", "1", "--mask-steps", "2",
-                               "--diffusion-steps", "2", "--repeats", "3", "--json", str(out)]) == 0
+    assert (
+        bench_rollout.main(
+            [
+                "--models",
+                "tiny",
+                "--paths",
+                "fused,reference",
+                "--batch",
+                "1",
+                "--mask-steps",
+                "2",
+                "--diffusion-steps",
+                "2",
+                "--repeats",
+                "3",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     data = json.loads(out.read_text())
     _assert_header(printed, data["machine"])
@@ -189,17 +228,35 @@ def test_rollout_report_structure(tmp_path, capsys):
 def test_rewards_report_pairs_remote_with_local(tmp_path, capsys):
     from margrpo.bench import rewards as bench_rewards
 
-    assert bench_rewards.measured_together(["remote:hps", "jpeg_compressibility", "shapes",
-                                            "remote:jpeg_compressibility"]) == [
-        ("remote:hps",), ("jpeg_compressibility", "remote:jpeg_compressibility"), ("shapes",)]
+    assert bench_rewards.measured_together(["remote:hps", "jpeg_compressibility", "shapes", "remote:jpeg_compressibility"]) == [
+        ("remote:hps",),
+        ("jpeg_compressibility", "remote:jpeg_compressibility"),
+        ("shapes",),
+    ]
     out = tmp_path / "rewards.json"
-    assert bench_rewards.main(["--device", "cpu", "--batch", "2", "--image-size", "32", "--repeats", "4", "--rewards",
-                               "jpeg_compressibility,remote:jpeg_compressibility,shapes", "--json", str(out)]) == 0
+    assert (
+        bench_rewards.main(
+            [
+                "--device",
+                "cpu",
+                "--batch",
+                "2",
+                "--image-size",
+                "32",
+                "--repeats",
+                "4",
+                "--rewards",
+                "jpeg_compressibility,remote:jpeg_compressibility,shapes",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     data = json.loads(out.read_text())
     _assert_header(printed, data["machine"])
-    assert [line[0] for line in _table(printed, "reward")[2:]] == ["jpeg_compressibility", "remote:jpeg_compressibility",
-                                                                   "shapes"]
+    assert [line[0] for line in _table(printed, "reward")[2:]] == ["jpeg_compressibility", "remote:jpeg_compressibility", "shapes"]
     rows = {r["reward"]: r for r in data["rows"]}
     for r in rows.values():
         assert r["min_ms"] <= r["p20_ms"] <= r["p50_ms"] <= r["p80_ms"] and r["rounds"] == 4 and r["mem_mb"] > 0

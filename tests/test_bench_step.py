@@ -1,6 +1,7 @@
 """The GRPO-step benchmark (margrpo bench step): both paths run on the shipped shapes-tiny checkpoint at
 tiny settings, phases are positive and add up, the JSON report has its keys, and the images the fused
 path hands to the reward are the trainer's rollout of the step."""
+
 from __future__ import annotations
 
 import json
@@ -15,9 +16,16 @@ from margrpo.rollout import generate
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "shapes-tiny.yaml"
-TINY = ["backbone.checkpoint=builtin:shapes-tiny", "grpo.prompts_per_step=1", "grpo.group_size=4",
-        "rollout.num_mask_steps=4", "backbone.diffusion_steps=4", "rollout.record_mask_steps=2",
-        "rollout.record_diffusion_steps=2", "run.threads=1"]
+TINY = [
+    "backbone.checkpoint=builtin:shapes-tiny",
+    "grpo.prompts_per_step=1",
+    "grpo.group_size=4",
+    "rollout.num_mask_steps=4",
+    "backbone.diffusion_steps=4",
+    "rollout.record_mask_steps=2",
+    "rollout.record_diffusion_steps=2",
+    "run.threads=1",
+]
 COLUMNS = ("rollout", "reward", "train", "total")
 
 
@@ -31,8 +39,7 @@ def _restore_threads():
 def test_config_gets_the_reference_algorithm_and_rejects_overriding_it():
     config = bench_step.load_bench_config(CONFIG, TINY)
     g = config.grpo
-    assert (g.objective, g.likelihood_cfg, g.minibatch_over, g.kl_type) == ("reinforce", "none", "mask_steps",
-                                                                          "parity_mean_k3")
+    assert (g.objective, g.likelihood_cfg, g.minibatch_over, g.kl_type) == ("reinforce", "none", "mask_steps", "parity_mean_k3")
     assert config.rollout.likelihood_positions == "unknown"
     assert g.minibatches == config.rollout.record_mask_steps == 2
     assert (g.prompts_per_step, g.group_size, config.rollout.num_mask_steps) == (1, 4, 4)
@@ -48,8 +55,9 @@ def test_both_paths_run_and_the_fused_images_are_the_trainers_rollout():
     trainer = bench.trainer
     before = {name: p.detach().clone() for name, p in trainer.policy.named_parameters()}
     prompts, seeds, _ = trainer._step_prompts(1)
-    expected = generate(bench.policy, prompts, trainer.config.rollout, seeds, sampler=trainer.sampler,
-                        plan=trainer._plan(1)).images  # the reference path's copy is still the starting policy
+    expected = generate(
+        bench.policy, prompts, trainer.config.rollout, seeds, sampler=trainer.sampler, plan=trainer._plan(1)
+    ).images  # the reference path's copy is still the starting policy
 
     for path, run_step in (("fused", bench.fused), ("reference", bench.reference)):
         times, images, rewards = run_step(1)
@@ -72,11 +80,32 @@ def test_cli_prints_the_table_and_writes_the_report(tmp_path, capsys):
     out = tmp_path / "step.json"
     assert bench_main(["step", "--config", str(CONFIG), "--steps", "3", "--json", str(out), *TINY]) == 0
     report = json.loads(out.read_text())
-    assert set(report) == {"machine", "settings", "steps", "rows", "order", "mean_s", "stats_s", "speedup",
-                           "speedup_p20", "speedup_p80", "command"}
+    assert set(report) == {
+        "machine",
+        "settings",
+        "steps",
+        "rows",
+        "order",
+        "mean_s",
+        "stats_s",
+        "speedup",
+        "speedup_p20",
+        "speedup_p80",
+        "command",
+    }
     machine = report["machine"]
-    assert {"cpu_count", "torch_threads", "load_average_before", "load_average_after", "torch", "triton", "margrpo",
-            "python", "cpu", "load_average"} <= set(machine)
+    assert {
+        "cpu_count",
+        "torch_threads",
+        "load_average_before",
+        "load_average_after",
+        "torch",
+        "triton",
+        "margrpo",
+        "python",
+        "cpu",
+        "load_average",
+    } <= set(machine)
     assert machine["torch_threads"] == report["settings"]["torch_threads"] == 1
     assert report["settings"]["images"] == 4 and report["settings"]["algorithm"]["grpo.minibatches"] == 2
     rows, order = report["rows"], report["order"]
@@ -100,7 +129,7 @@ def test_cli_prints_the_table_and_writes_the_report(tmp_path, capsys):
     assert "load average (1/5/15 min)" in printed.out and "[bench step]" not in printed.out
     assert "[bench step] step 3" in printed.err  # progress lines on stderr
     lines = printed.out.strip().splitlines()
-    table = lines[next(i for i, line in enumerate(lines) if line.startswith("phase")):]
+    table = lines[next(i for i, line in enumerate(lines) if line.startswith("phase")) :]
     assert table[0].split()[:7] == ["phase", "path", "p50", "s", "p20", "s", "p80"]
     assert [line.split()[:2] for line in table[1:]] == [[c, p] for c in COLUMNS for p in bench_step.PATHS]
     assert table[-2].split()[7] == f"{report['speedup']['total']:.2f}x"  # total, fused

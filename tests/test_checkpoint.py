@@ -1,4 +1,5 @@
 """Checkpoints: atomic, verified, pruned; corrupt or truncated ones are named, never loaded."""
+
 import random
 import shutil
 import signal

@@ -1,4 +1,5 @@
 """benchmarks/compare_runs.py: paired gains over seeds from ablate-style run directories."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -41,6 +42,6 @@ def test_paired_differences_and_unfinished_runs(tmp_path):
     paired = report["other"]["paired@60"]
     assert paired["values"] == pytest.approx([-0.05, -0.10, -0.15])
     assert paired["mean"] == pytest.approx(-0.10)
-    assert paired["ci95"] == pytest.approx(4.303 * 0.05 / 3 ** 0.5)
+    assert paired["ci95"] == pytest.approx(4.303 * 0.05 / 3**0.5)
     assert report["other"]["kl"]["mean"] == pytest.approx(0.2)
     assert "0.050 -> " in table  # the color category, before -> after

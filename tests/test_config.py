@@ -1,4 +1,5 @@
 """Typed config: unknown keys and ill-typed values are errors that name the key."""
+
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
@@ -68,8 +69,8 @@ def test_relative_input_paths_resolve_beside_the_config_file(tmp_path, monkeypat
     (elsewhere / "eval.txt").parent.mkdir()
     (elsewhere / "eval.txt").write_text("a red circle\n")
     (configs / "x.yaml").write_text(
-        "backbone: {checkpoint: builtin:shapes-tiny}\n"
-        "run: {train_prompts: prompts/train.txt, eval_prompts: eval.txt, out_dir: runs/x}\n")
+        "backbone: {checkpoint: builtin:shapes-tiny}\nrun: {train_prompts: prompts/train.txt, eval_prompts: eval.txt, out_dir: runs/x}\n"
+    )
     monkeypatch.chdir(elsewhere)
     config = load_config(configs / "x.yaml")
     assert config.run.train_prompts == str(configs / "prompts" / "train.txt")

@@ -3,6 +3,7 @@ trained on nothing, wrote into the wrong place, or failed late with a traceback 
 one-line error naming the key (exit 2): at load, or, where only the model knows the bound, when the
 trainer starts, before any work. Two weightings of rewards are by design: accepted, documented, and
 announced when the trainer starts."""
+
 from __future__ import annotations
 
 import time
@@ -49,12 +50,21 @@ def test_a_value_that_would_train_on_nothing_fails_at_load(key, extra):
     assert str(err.value).startswith(f"{key}: "), str(err.value)
 
 
-@pytest.mark.parametrize("extra", [
-    ["grpo.advantage_eps=1"], ["optim.lr=1e-4", "optim.weight_decay=9999"], ["optim.lr=0", "optim.weight_decay=1e6"],
-    ["grpo.head=low_lr", "grpo.head_lr_scale=0.1", "optim.lr=0.01", "optim.weight_decay=50"],
-    ["rewards={shapes: 1, jpeg_incompressibility: 0}"], ["rollout.cfg_scale=100"], ["rollout.cfg_scale=0.5"],
-    ["rollout.temperature=10"], ["run.out_dir=."], ["run.train_prompts=null"],
-])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["grpo.advantage_eps=1"],
+        ["optim.lr=1e-4", "optim.weight_decay=9999"],
+        ["optim.lr=0", "optim.weight_decay=1e6"],
+        ["grpo.head=low_lr", "grpo.head_lr_scale=0.1", "optim.lr=0.01", "optim.weight_decay=50"],
+        ["rewards={shapes: 1, jpeg_incompressibility: 0}"],
+        ["rollout.cfg_scale=100"],
+        ["rollout.cfg_scale=0.5"],
+        ["rollout.temperature=10"],
+        ["run.out_dir=."],
+        ["run.train_prompts=null"],
+    ],
+)
 def test_the_limits_themselves_load(extra):
     import yaml
 
@@ -76,21 +86,30 @@ def test_a_rollout_config_may_sample_unconditionally_but_not_beyond_its_limits()
 
 
 def _start(*extra: str) -> Trainer:
-    base = ["run.tensorboard=false", "rollout.num_mask_steps=4", "rollout.record_mask_steps=2",
-            "rollout.record_diffusion_steps=2", "run.resume=never", "run.threads=1"]
+    base = [
+        "run.tensorboard=false",
+        "rollout.num_mask_steps=4",
+        "rollout.record_mask_steps=2",
+        "rollout.record_diffusion_steps=2",
+        "run.resume=never",
+        "run.threads=1",
+    ]
     return Trainer(load_config(None, [*base, *extra]), create_run_dir=False)
 
 
-@pytest.mark.parametrize("key, extra, message", [
-    # the built-in model has 64 tokens; 10^9 steps ran until killed
-    ("rollout.num_mask_steps", ["rollout.num_mask_steps=65"], "at most the model's 64 tokens"),
-    ("rollout.num_mask_steps", ["rollout.num_mask_steps=1000000000"], "at most the model's 64 tokens"),
-    ("backbone.diffusion_steps", ["backbone.diffusion_steps=100000000"], "got 100000000"),
-    ("backbone.options", ["backbone.options={flow_shift: 3.0}"], "unknown option(s) flow_shift for backbone 'tiny'"),
-    ("backbone.checkpoint", ["backbone.checkpoint=MISSING"], "no-such-model/config.json not found"),
-    ("backbone.checkpoint", ["backbone.checkpoint=NOT_A_MODEL"], "config.json not found"),
-    ("backbone.checkpoint", ["backbone.checkpoint=builtin:shapes-tinny"], "expected one of the shipped checkpoints"),
-])
+@pytest.mark.parametrize(
+    "key, extra, message",
+    [
+        # the built-in model has 64 tokens; 10^9 steps ran until killed
+        ("rollout.num_mask_steps", ["rollout.num_mask_steps=65"], "at most the model's 64 tokens"),
+        ("rollout.num_mask_steps", ["rollout.num_mask_steps=1000000000"], "at most the model's 64 tokens"),
+        ("backbone.diffusion_steps", ["backbone.diffusion_steps=100000000"], "got 100000000"),
+        ("backbone.options", ["backbone.options={flow_shift: 3.0}"], "unknown option(s) flow_shift for backbone 'tiny'"),
+        ("backbone.checkpoint", ["backbone.checkpoint=MISSING"], "no-such-model/config.json not found"),
+        ("backbone.checkpoint", ["backbone.checkpoint=NOT_A_MODEL"], "config.json not found"),
+        ("backbone.checkpoint", ["backbone.checkpoint=builtin:shapes-tinny"], "expected one of the shipped checkpoints"),
+    ],
+)
 def test_a_bound_only_the_model_knows_fails_when_the_trainer_starts(tmp_path, key, extra, message):
     (tmp_path / "not-a-model").mkdir()
     paths = {"MISSING": str(tmp_path / "no-such-model"), "NOT_A_MODEL": str(tmp_path / "not-a-model")}
@@ -107,8 +126,18 @@ def test_a_bad_checkpoint_is_one_line_and_exit_2_on_the_command_line(tmp_path, m
     """Was a traceback and exit 1 (the message itself was good)."""
     (tmp_path / "CWD_DIR").mkdir()
     monkeypatch.chdir(tmp_path)
-    code = cli.main(["train", "--config", str(EMPTY), f"backbone.checkpoint={value}", f"run.out_dir={tmp_path / 'run'}",
-                     "run.tensorboard=false", "rollout.num_mask_steps=4", "rollout.record_mask_steps=2"])
+    code = cli.main(
+        [
+            "train",
+            "--config",
+            str(EMPTY),
+            f"backbone.checkpoint={value}",
+            f"run.out_dir={tmp_path / 'run'}",
+            "run.tensorboard=false",
+            "rollout.num_mask_steps=4",
+            "rollout.record_mask_steps=2",
+        ]
+    )
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("margrpo train: error:")]
     assert code == 2 and len(lines) == 1 and lines[0].startswith("margrpo train: error: backbone.checkpoint: "), err

@@ -2,6 +2,7 @@
 or fail after work began is an error at load time (or, for model- and file-dependent bounds, when the
 trainer starts) that names its key; docs/CONFIG.md states every rule; a fuzz over every numeric key
 finds no value accepted without a documented meaning; the CLI prints the message and exits 2."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -64,29 +65,50 @@ def test_bad_value_fails_at_load_naming_the_key(key, extra):
 
 
 def test_documented_special_values_load():
-    config = load_config(None, ["optim.grad_clip=null", "optim.lr=0", "run.keep_last=0", "run.eval_every=0",
-                                "optim.betas=[0, 0.5]", "backbone.diffusion_steps=12", "rollout.num_diffusion_steps=12"])
+    config = load_config(
+        None,
+        [
+            "optim.grad_clip=null",
+            "optim.lr=0",
+            "run.keep_last=0",
+            "run.eval_every=0",
+            "optim.betas=[0, 0.5]",
+            "backbone.diffusion_steps=12",
+            "rollout.num_diffusion_steps=12",
+        ],
+    )
     assert config.optim.grad_clip is None and config.optim.betas == (0.0, 0.5)
 
 
 def _start(*extra: str) -> Trainer:
-    base = ["run.tensorboard=false", "rollout.num_mask_steps=4", "rollout.record_mask_steps=2",
-            "rollout.record_diffusion_steps=2", "run.resume=never"]
+    base = [
+        "run.tensorboard=false",
+        "rollout.num_mask_steps=4",
+        "rollout.record_mask_steps=2",
+        "rollout.record_diffusion_steps=2",
+        "run.resume=never",
+    ]
     return Trainer(load_config(None, [*base, *extra]), create_run_dir=False)
 
 
-@pytest.mark.parametrize("key, extra, message", [
-    ("run.train_prompts", ["run.train_prompts=EMPTY"], "holds no prompt"),
-    ("run.eval_prompts", ["run.eval_prompts=EMPTY"], "holds no prompt"),
-    ("run.train_prompts", ["run.train_prompts=MISSING"], "prompt file not found"),
-    # the model's chain: 20 steps, the last deterministic; with diffusion_steps null only the model knows
-    ("rollout.record_diffusion_steps", ["rollout.record_diffusion_steps=20"], "expected 1..19"),
-    # post_step leaves out the final effective step: 3 of 4 can be recorded
-    ("rollout.record_mask_steps", ["rollout.likelihood_positions=unknown", "rollout.known_mask=post_step",
-                                   "rollout.record_mask_steps=4"], "expected 0..3"),
-    ("rewards", ["rewards={no_such_reward: 1.0}"], "unknown name 'no_such_reward'"),
-    ("rewards", ["rewards={shapes: {weight: 1.0, colour: red}}"], "unknown option(s) colour"),
-])
+@pytest.mark.parametrize(
+    "key, extra, message",
+    [
+        ("run.train_prompts", ["run.train_prompts=EMPTY"], "holds no prompt"),
+        ("run.eval_prompts", ["run.eval_prompts=EMPTY"], "holds no prompt"),
+        ("run.train_prompts", ["run.train_prompts=MISSING"], "prompt file not found"),
+        # the model's chain: 20 steps, the last deterministic; with diffusion_steps null only the model knows
+        ("rollout.record_diffusion_steps", ["rollout.record_diffusion_steps=20"], "expected 1..19"),
+        # post_step leaves out the final effective step: 3 of 4 can be recorded
+        (
+            "rollout.record_mask_steps",
+            ["rollout.likelihood_positions=unknown", "rollout.known_mask=post_step", "rollout.record_mask_steps=4"],
+            "expected 0..3",
+        ),
+        ("rewards", ["rewards={no_such_reward: 1.0}"], "unknown name 'no_such_reward'"),
+        ("rewards", ["rewards={shapes: {weight: 1.0, colour: red}}"], "unknown option(s) colour"),
+    ],
+)
 def test_model_and_file_bounds_fail_when_the_trainer_starts(tmp_path, key, extra, message):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n  \n")
@@ -186,9 +208,11 @@ def test_config_fuzz_has_no_silent_acceptance(capsys):
     result = fuzz()
     tried = sum(len(v) for v in result.values())
     with capsys.disabled():
-        print(f"\nconfig fuzz: {tried} values tried, {len(result['clean'])} clean errors, "
-              f"{len(result['documented'])} documented acceptances, {len(result['silent'])} silent acceptances, "
-              f"{len(result['unclean'])} unclean errors")
+        print(
+            f"\nconfig fuzz: {tried} values tried, {len(result['clean'])} clean errors, "
+            f"{len(result['documented'])} documented acceptances, {len(result['silent'])} silent acceptances, "
+            f"{len(result['unclean'])} unclean errors"
+        )
     assert not result["silent"], result["silent"]
     assert not result["unclean"], result["unclean"]
     assert len(result["clean"]) > len(result["documented"]) > 0

@@ -1,4 +1,5 @@
 """margrpo.train.diagnostics (the four checks of `margrpo diagnose`) and run.train_prompt_mix."""
+
 from __future__ import annotations
 
 import warnings
@@ -29,15 +30,24 @@ def tiny_checkpoint(tmp_path_factory):
 
 
 def make(tmp_path, checkpoint, *extra) -> Trainer:
-    return make_small_trainer(tmp_path, checkpoint, "rollout.num_mask_steps=4", "rollout.record_mask_steps=2",
-                              "rollout.record_diffusion_steps=2", "rollout.num_seeds=2", "grpo.mte=true",
-                              "grpo.group_size=4", "grpo.prompts_per_step=2", "optim.lr=1e-3", *extra)
+    return make_small_trainer(
+        tmp_path,
+        checkpoint,
+        "rollout.num_mask_steps=4",
+        "rollout.record_mask_steps=2",
+        "rollout.record_diffusion_steps=2",
+        "rollout.num_seeds=2",
+        "grpo.mte=true",
+        "grpo.group_size=4",
+        "grpo.prompts_per_step=2",
+        "optim.lr=1e-3",
+        *extra,
+    )
 
 
 def rollout_of(trainer):
     prompts, seeds, _ = trainer._step_prompts(0)
-    return generate(trainer.policy, prompts, trainer.config.rollout, seeds, sampler=trainer.sampler,
-                    plan=trainer._plan(0))
+    return generate(trainer.policy, prompts, trainer.config.rollout, seeds, sampler=trainer.sampler, plan=trainer._plan(0))
 
 
 def test_recorded_logp_error_is_rounding_and_sees_a_wrong_record(tmp_path, tiny_checkpoint):
@@ -92,8 +102,9 @@ def test_train_step_reports_the_zero_variance_fraction(tmp_path, tiny_checkpoint
     metrics = trainer.train_step()
     assert metrics["zero_variance_fraction"] == 0.0  # a continuous reward never ties
     # a reward that ignores the image: every group is flat
-    trainer.reward = lambda images, prompts, metadata: type("R", (), {"total": torch.zeros(len(prompts)), "raw": {},
-                                                                    "log_values": lambda self, prefix: {}})()
+    trainer.reward = lambda images, prompts, metadata: type(
+        "R", (), {"total": torch.zeros(len(prompts)), "raw": {}, "log_values": lambda self, prefix: {}}
+    )()
     trainer.step = 1
     assert trainer.train_step()["zero_variance_fraction"] == 1.0
 
@@ -143,8 +154,10 @@ def test_gradient_variance_is_paired_and_restores_the_settings(tmp_path, tiny_ch
 def test_variance_ratio_bootstrap_matches_direct_resampling():
     generator = torch.Generator().manual_seed(0)
     n, dim = 7, 50
-    flats = {"x": torch.randn(n, dim, generator=generator, dtype=torch.float64),
-             "y": 3 * torch.randn(n, dim, generator=generator, dtype=torch.float64)}
+    flats = {
+        "x": torch.randn(n, dim, generator=generator, dtype=torch.float64),
+        "y": 3 * torch.randn(n, dim, generator=generator, dtype=torch.float64),
+    }
 
     def result(name):
         flat = flats[name]
@@ -242,8 +255,7 @@ def test_self_consistency_is_one_when_the_policy_draws_data(tmp_path, tiny_check
     same = diagnostics.head_self_consistency(trainer, rollout, rollout.tokens.clone(), draws=4, edges=(0, 500, 1000))
     assert same.policy_error == pytest.approx(same.data_error, rel=1e-6)
     assert all(e > 0 for e in same.policy_error)
-    other = diagnostics.head_self_consistency(trainer, rollout, torch.rand_like(rollout.tokens) * 2 - 1, draws=4,
-                                              edges=(0, 500, 1000))
+    other = diagnostics.head_self_consistency(trainer, rollout, torch.rand_like(rollout.tokens) * 2 - 1, draws=4, edges=(0, 500, 1000))
     assert other.policy_error == pytest.approx(same.policy_error)
     assert other.data_error != pytest.approx(same.data_error, rel=1e-9, abs=0)
     assert "ratio" in other.table()
@@ -253,8 +265,7 @@ def test_self_consistency_is_one_when_the_policy_draws_data(tmp_path, tiny_check
 
 def test_variants_may_change_rollout_settings_and_are_restored(tmp_path, tiny_checkpoint):
     trainer = make(tmp_path, tiny_checkpoint, "rewards={test_diagnostics_brightness: 1.0}")
-    variants = {"base": {}, "colder": {"rollout.temperature": 0.5}, "matching": {"grpo.estimator": "matching",
-                                                                                 "grpo.mte": False}}
+    variants = {"base": {}, "colder": {"rollout.temperature": 0.5}, "matching": {"grpo.estimator": "matching", "grpo.mte": False}}
     base, colder, matching = diagnostics.gradient_variance(trainer, rollouts=2, variants=variants)
     assert not torch.allclose(base.flat, colder.flat)  # the rollouts were drawn at another temperature
     assert not torch.allclose(base.flat, matching.flat)
@@ -265,6 +276,5 @@ def test_variants_may_change_rollout_settings_and_are_restored(tmp_path, tiny_ch
 def test_diagnose_variant_names_a_bad_setting():
     for spec in ("a:grpo.nonsense=1", "a:rollout.nope=2", "a:other.mte=true"):
         with pytest.raises(SystemExit) as exit_info:
-            diagnostics.main(["--config", "configs/shapes-tiny.yaml", "--variance", "2", "--variant", spec,
-                              "--variant", "b:"])
+            diagnostics.main(["--config", "configs/shapes-tiny.yaml", "--variance", "2", "--variant", spec, "--variant", "b:"])
         assert exit_info.value.code == 2

@@ -1,4 +1,5 @@
 """margrpo.diffusion: schedules, respacing, DDPM/IDDPM and flow samplers against closed forms."""
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,7 @@ def _randn(*shape, seed: int, dtype=F64) -> torch.Tensor:
 # IDDPM space_timesteps(1000, "25") by hand: one section of 1000 steps, stride 999 / 24 = 41.625
 # (exact in binary), kept = round(k * 41.625) with Python's half-to-even rounding:
 # 166.5 -> 166, 499.5 -> 500, 832.5 -> 832.
-IDDPM_25 = [0, 42, 83, 125, 166, 208, 250, 291, 333, 375, 416, 458, 500,
-            541, 583, 624, 666, 708, 749, 791, 832, 874, 916, 957, 999]
+IDDPM_25 = [0, 42, 83, 125, 166, 208, 250, 291, 333, 375, 416, 458, 500, 541, 583, 624, 666, 708, 749, 791, 832, 874, 916, 957, 999]
 
 
 # ---------------------------------------------------------------- schedules and respacing
@@ -112,8 +112,15 @@ def _posterior_by_conditioning(x0, x_t, abar, abar_prev):
 
 @pytest.mark.parametrize("prediction_type", ["epsilon", "sample", "v_prediction"])
 def test_ddpm_posterior_mean_and_variance_closed_form(prediction_type):
-    sampler = DDPMSampler(10, beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012,
-                          spacing="leading", steps_offset=1, prediction_type=prediction_type)
+    sampler = DDPMSampler(
+        10,
+        beta_schedule="scaled_linear",
+        beta_start=0.00085,
+        beta_end=0.012,
+        spacing="leading",
+        steps_offset=1,
+        prediction_type=prediction_type,
+    )
     abar_train = np.cumprod(1.0 - make_betas("scaled_linear", 1000, 0.00085, 0.012))
     x0, eps = _randn(3, 4, 5, seed=1), _randn(3, 4, 5, seed=2)
     for i in range(sampler.num_steps):
@@ -121,8 +128,7 @@ def test_ddpm_posterior_mean_and_variance_closed_form(prediction_type):
         abar = abar_train[t]
         abar_prev = abar_train[sampler.timesteps[i + 1]] if i + 1 < sampler.num_steps else 1.0
         x_t = math.sqrt(abar) * x0 + math.sqrt(1 - abar) * eps
-        target = {"epsilon": eps, "sample": x0,
-                  "v_prediction": math.sqrt(abar) * eps - math.sqrt(1 - abar) * x0}[prediction_type]
+        target = {"epsilon": eps, "sample": x0, "v_prediction": math.sqrt(abar) * eps - math.sqrt(1 - abar) * x0}[prediction_type]
         mean, std = sampler.mean_std(target, x_t, i)
         expected_mean, expected_var = _posterior_by_conditioning(x0, x_t, abar, abar_prev)
         torch.testing.assert_close(sampler.predict_x0(target, x_t, i), x0, rtol=1e-9, atol=1e-9)
@@ -151,16 +157,19 @@ def test_learned_range_std_lies_between_fixed_small_and_fixed_large():
     assert learned.out_channels(3) == 6
     assert learned.stochastic_steps() == list(range(11)) and learned.is_deterministic(11)
     for i in learned.stochastic_steps():
+
         def learned_std(v):
             return learned.mean_std(torch.cat([eps, v], -1), x, i)[1]
+
         lo, hi = small.mean_std(eps, x, i)[1], large.mean_std(eps, x, i)[1]
         torch.testing.assert_close(learned_std(torch.full_like(x, -1.0)), lo.expand_as(x), rtol=1e-12, atol=0)
         torch.testing.assert_close(learned_std(torch.ones_like(x)), hi.expand_as(x), rtol=1e-12, atol=0)
         middle = learned_std(torch.rand(x.shape, generator=_gen(i), dtype=F64) * 1.8 - 0.9)
         assert bool((middle > lo).all() and (middle < hi).all())
         # the variance channels do not move the mean
-        torch.testing.assert_close(learned.mean_std(torch.cat([eps, torch.ones_like(x)], -1), x, i)[0],
-                                   small.mean_std(eps, x, i)[0], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(
+            learned.mean_std(torch.cat([eps, torch.ones_like(x)], -1), x, i)[0], small.mean_std(eps, x, i)[0], rtol=1e-12, atol=1e-12
+        )
 
 
 def test_deterministic_step_has_zero_std_and_zero_logp():
@@ -173,8 +182,7 @@ def test_deterministic_step_has_zero_std_and_zero_logp():
         assert bool((step.std == 0).all())
         torch.testing.assert_close(step.logp, torch.zeros(2, 5, dtype=F64), rtol=0, atol=0)
         torch.testing.assert_close(step.x_prev, step.mean, rtol=0, atol=0)
-        torch.testing.assert_close(sampler.logprob(step.x_prev, out, x, last), torch.zeros(2, 5, dtype=F64),
-                                   rtol=0, atol=0)
+        torch.testing.assert_close(sampler.logprob(step.x_prev, out, x, last), torch.zeros(2, 5, dtype=F64), rtol=0, atol=0)
 
 
 def test_noise_none_is_the_deterministic_chain():
@@ -364,16 +372,29 @@ def test_flow_samples_match_the_gaussian_marginals(mode, one_thread):
 
 # ---------------------------------------------------------------- builders
 def test_from_diffusers_config_dict_and_path(tmp_path):
-    config = {"_class_name": "DDPMScheduler", "_diffusers_version": "0.30.0", "beta_schedule": "scaled_linear",
-              "beta_start": 0.00085, "beta_end": 0.012, "clip_sample": False, "num_train_timesteps": 1000,
-              "prediction_type": "epsilon", "steps_offset": 1, "timestep_spacing": "leading",
-              "variance_type": "fixed_small", "thresholding": False}
+    config = {
+        "_class_name": "DDPMScheduler",
+        "_diffusers_version": "0.30.0",
+        "beta_schedule": "scaled_linear",
+        "beta_start": 0.00085,
+        "beta_end": 0.012,
+        "clip_sample": False,
+        "num_train_timesteps": 1000,
+        "prediction_type": "epsilon",
+        "steps_offset": 1,
+        "timestep_spacing": "leading",
+        "variance_type": "fixed_small",
+        "thresholding": False,
+    }
     direct = DDPMSampler(25, beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012, steps_offset=1)
     (tmp_path / "scheduler").mkdir()
     (tmp_path / "scheduler" / "scheduler_config.json").write_text(json.dumps(config))
     x, out = _randn(2, 4, seed=36), _randn(2, 4, seed=37)
-    for built in (from_diffusers_config(config, 25), from_diffusers_config(tmp_path, 25),
-                  make_sampler("diffusers", config=str(tmp_path / "scheduler"), num_steps=25)):
+    for built in (
+        from_diffusers_config(config, 25),
+        from_diffusers_config(tmp_path, 25),
+        make_sampler("diffusers", config=str(tmp_path / "scheduler"), num_steps=25),
+    ):
         assert isinstance(built, DDPMSampler) and built.timesteps == direct.timesteps
         assert built.clip_sample is None
         for i in (0, 12, 24):
@@ -381,8 +402,9 @@ def test_from_diffusers_config_dict_and_path(tmp_path):
     # NOVA's scheduler never clips (diffusers' default clip_sample=True is ignored) unless asked
     assert from_diffusers_config({"_class_name": "DDPMScheduler"}, 10).clip_sample is None
     assert from_diffusers_config({"_class_name": "DDPMScheduler"}, 10, clip_sample=1.0).clip_sample == 1.0
-    flow = from_diffusers_config({"_class_name": "FlowMatchEulerDiscreteScheduler", "shift": 3.0,
-                                  "use_dynamic_shifting": False}, 25, noise_level=0.5)
+    flow = from_diffusers_config(
+        {"_class_name": "FlowMatchEulerDiscreteScheduler", "shift": 3.0, "use_dynamic_shifting": False}, 25, noise_level=0.5
+    )
     assert isinstance(flow, FlowSDESampler) and flow.noise_level == 0.5
     np.testing.assert_array_equal(flow.sigmas, FlowSDESampler(25, shift=3.0).sigmas)
 
@@ -418,8 +440,10 @@ def test_make_sampler_kinds():
         (lambda: from_diffusers_config({"thresholding": True}, 10), "thresholding"),
         (lambda: from_diffusers_config({"beta_shedule": "linear"}, 10), "beta_shedule"),
         (lambda: from_diffusers_config({"_class_name": "DDIMScheduler"}, 10), "DDIMScheduler"),
-        (lambda: from_diffusers_config({"_class_name": "FlowMatchEulerDiscreteScheduler",
-                                        "use_dynamic_shifting": True}, 10), "use_dynamic_shifting"),
+        (
+            lambda: from_diffusers_config({"_class_name": "FlowMatchEulerDiscreteScheduler", "use_dynamic_shifting": True}, 10),
+            "use_dynamic_shifting",
+        ),
     ],
 )
 def test_bad_constructor_arguments_raise(build, argument):

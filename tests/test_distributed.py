@@ -6,6 +6,7 @@ single-process behaviour.
 One torchrun launch runs every 2-rank configuration (this file is its worker script, see the bottom):
 starting processes costs more than the tiny runs themselves.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,11 +38,25 @@ TWO_RANK_RUNS = [("frozen_head", "ddp"), ("frozen_head", "fsdp2"), ("trained_hea
 def overrides(out_dir: Path, checkpoint: Path, prompts_per_step: int, *extra: str) -> list[str]:
     # a built-in reward: the torchrun children do not see rewards registered by test modules
     return [
-        f"backbone.checkpoint={checkpoint}", f"run.out_dir={out_dir}", "run.tensorboard=false", "run.eval_every=0",
-        "run.eval_per_category=1", "run.eval_samples_per_prompt=1", "run.save_every=1", "run.keep_last=2",
-        f"run.steps={STEPS}", "run.threads=1", "rollout.num_mask_steps=4", "rollout.record_mask_steps=2",
-        "rollout.record_diffusion_steps=2", "grpo.group_size=4", f"grpo.prompts_per_step={prompts_per_step}",
-        "rewards={jpeg_incompressibility: 1.0}", "optim.lr=1e-3", f"optim.grad_clip={GRAD_CLIP}", *extra,
+        f"backbone.checkpoint={checkpoint}",
+        f"run.out_dir={out_dir}",
+        "run.tensorboard=false",
+        "run.eval_every=0",
+        "run.eval_per_category=1",
+        "run.eval_samples_per_prompt=1",
+        "run.save_every=1",
+        "run.keep_last=2",
+        f"run.steps={STEPS}",
+        "run.threads=1",
+        "rollout.num_mask_steps=4",
+        "rollout.record_mask_steps=2",
+        "rollout.record_diffusion_steps=2",
+        "grpo.group_size=4",
+        f"grpo.prompts_per_step={prompts_per_step}",
+        "rewards={jpeg_incompressibility: 1.0}",
+        "optim.lr=1e-3",
+        f"optim.grad_clip={GRAD_CLIP}",
+        *extra,
     ]
 
 
@@ -62,9 +77,11 @@ def runs(tmp_path_factory, tiny_checkpoint) -> Path:
     root = tmp_path_factory.mktemp("runs")
     env = dict(os.environ, OMP_NUM_THREADS="1")
     torchrun = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", __file__,
-         str(root), str(tiny_checkpoint)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", __file__, str(root), str(tiny_checkpoint)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:  # the one-process runs meanwhile (the children spend seconds starting up)
         for setup, extra in SETUPS.items():
@@ -114,8 +131,7 @@ def initial_values(trainer: Trainer, names) -> dict[str, torch.Tensor]:
 def test_fsdp2_trains_what_one_process_trains(runs, tiny_checkpoint, tmp_path, setup):
     one = final_weights(runs, setup, "one")
     fsdp = final_weights(runs, setup, "fsdp2")
-    fresh = Trainer(load_config(None, overrides(tmp_path, tiny_checkpoint, 4, "run.resume=never", *SETUPS[setup])),
-                    create_run_dir=False)
+    fresh = Trainer(load_config(None, overrides(tmp_path, tiny_checkpoint, 4, "run.resume=never", *SETUPS[setup])), create_run_dir=False)
     start = initial_values(fresh, one)
     # full (gathered) tensors of exactly the trainable parameters, under their unsharded names
     assert set(one) == {n for n, p in fresh.policy.named_parameters() if p.requires_grad}
@@ -143,6 +159,7 @@ def test_fsdp2_matches_ddp(runs, tiny_checkpoint, tmp_path):
 def test_batch_metrics_cover_every_rank(runs):
     """reward_std and the advantage statistics of a 2-rank run are those of the whole batch, as one
     process over the same samples logs them (not rank 0's half)."""
+
     def train_records(parallel):
         lines = (run_dir(runs, "frozen_head", parallel) / "metrics.jsonl").read_text().splitlines()
         return [row for row in map(json.loads, lines) if row["kind"] == "train"]
@@ -163,8 +180,7 @@ def test_fsdp2_checkpoint_resumes_in_one_process(runs, tiny_checkpoint, tmp_path
     first, last = ckpt.list_checkpoints(fsdp_root)
     weights, state = ckpt.load(first)
     assert all(isinstance(name, str) for group in state["optimizer"]["param_groups"] for name in group["params"])
-    resumed = Trainer(load_config(None, overrides(tmp_path, tiny_checkpoint, 4, "run.resume=never", *SETUPS[setup])),
-                      create_run_dir=False)
+    resumed = Trainer(load_config(None, overrides(tmp_path, tiny_checkpoint, 4, "run.resume=never", *SETUPS[setup])), create_run_dir=False)
     resumed.load_checkpoint(first)
     assert resumed.step == 1
     own = dict(resumed.policy.named_parameters())
@@ -179,8 +195,9 @@ def test_fsdp2_checkpoint_resumes_in_one_process(runs, tiny_checkpoint, tmp_path
 
 # ---------------------------------------------------------------------- single process
 def test_helpers_are_no_ops_in_one_process(tiny_checkpoint, tmp_path):
-    trainer = Trainer(load_config(None, overrides(tmp_path, tiny_checkpoint, 2, "run.parallel=fsdp2",
-                                                  "run.resume=never")), create_run_dir=False)
+    trainer = Trainer(
+        load_config(None, overrides(tmp_path, tiny_checkpoint, 2, "run.parallel=fsdp2", "run.resume=never")), create_run_dir=False
+    )
     assert not trainer.sharded and not dist_utils.is_sharded(trainer.policy)  # one process: plain model
     assert dist_utils.all_ranks(True) and not dist_utils.all_ranks(False)
     with pytest.raises(RuntimeError, match="run.parallel: fsdp2 needs"):
@@ -192,8 +209,9 @@ def test_helpers_are_no_ops_in_one_process(tiny_checkpoint, tmp_path):
 def test_optimizer_state_by_name_round_trip(tiny_checkpoint, tmp_path):
     """An optimizer state numbered by position (DDP / one-process checkpoints) converts to the
     name-keyed layout FSDP2 checkpoints use, and loads back to the same state."""
-    trainer = Trainer(load_config(None, overrides(tmp_path, tiny_checkpoint, 2, "run.resume=never", "grpo.head=train")),
-                      create_run_dir=False)
+    trainer = Trainer(
+        load_config(None, overrides(tmp_path, tiny_checkpoint, 2, "run.resume=never", "grpo.head=train")), create_run_dir=False
+    )
     params = [p for group in trainer.optimizer.param_groups for p in group["params"]]
     for i, p in enumerate(params):
         p.grad = torch.full_like(p, 0.1 * (i + 1))
@@ -201,10 +219,8 @@ def test_optimizer_state_by_name_round_trip(tiny_checkpoint, tmp_path):
     by_position = trainer.optimizer.state_dict()
     by_name = dist_utils._state_by_name(trainer.policy, trainer.optimizer, by_position)
     names = {id(p): n for n, p in trainer.policy.named_parameters()}
-    assert [g["params"] for g in by_name["param_groups"]] == [[names[id(p)] for p in g["params"]]
-                                                              for g in trainer.optimizer.param_groups]
-    other = Trainer(load_config(None, overrides(tmp_path, tiny_checkpoint, 2, "run.resume=never", "grpo.head=train")),
-                    create_run_dir=False)
+    assert [g["params"] for g in by_name["param_groups"]] == [[names[id(p)] for p in g["params"]] for g in trainer.optimizer.param_groups]
+    other = Trainer(load_config(None, overrides(tmp_path, tiny_checkpoint, 2, "run.resume=never", "grpo.head=train")), create_run_dir=False)
     dist_utils.load_optimizer_state(other.policy, other.optimizer, by_name)
     loaded = other.optimizer.state_dict()
 
@@ -242,8 +258,10 @@ def _check_ddp_checkpoint_loads_sharded(root: Path, checkpoint: Path) -> None:
     """A DDP checkpoint (optimizer state numbered by position) loads into an FSDP2 trainer: gathering
     the loaded weights and Adam state back gives exactly the checkpoint's."""
     weights, state = ckpt.load(ckpt.latest(run_dir(root, "frozen_head", "ddp") / "checkpoints"))
-    trainer = Trainer(load_config(None, overrides(root / "load-check", checkpoint, 2, *SETUPS["frozen_head"],
-                                                  "run.parallel=fsdp2", "run.resume=never")), create_run_dir=False)
+    trainer = Trainer(
+        load_config(None, overrides(root / "load-check", checkpoint, 2, *SETUPS["frozen_head"], "run.parallel=fsdp2", "run.resume=never")),
+        create_run_dir=False,
+    )
     trainer.load_checkpoint(ckpt.latest(run_dir(root, "frozen_head", "ddp") / "checkpoints"))
     gathered = trainer.trainable_state()
     optimizer = dist_utils.full_optimizer_state(trainer.policy, trainer.optimizer)

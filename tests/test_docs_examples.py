@@ -4,6 +4,7 @@ reader's own LTH14/mar model, are tests/mar_standin.py), the ```json lines throu
 file reader, and every `margrpo` command of the ```bash blocks, expanded by bash itself, through that
 command's own argument parser and, with --config, the config loader (the commands need weights and
 checkpoints that CI does not have; their options and keys must still exist)."""
+
 from __future__ import annotations
 
 import argparse
@@ -81,7 +82,7 @@ class _Parsed(Exception):
 def _commands(tmp_path) -> list[list[str]]:
     """argv of every `margrpo` call in the bash blocks, as bash expands them (margrpo a recording function)."""
     record = tmp_path / "argv"
-    script = "margrpo() { printf '%s\\0' \"$@\" >> \"$RECORD\"; printf '\\n' >> \"$RECORD\"; }\n"
+    script = 'margrpo() { printf \'%s\\0\' "$@" >> "$RECORD"; printf \'\\n\' >> "$RECORD"; }\n'
     script += "\n".join(blocks(USING.read_text(), "bash"))
     subprocess.run(["bash", "-euc", script], cwd=ROOT, env={"RECORD": str(record), "PATH": "/usr/bin:/bin"}, check=True)
     return [line.rstrip("\0").split("\0") for line in record.read_text().split("\0\n") if line]
@@ -94,6 +95,7 @@ def test_using_md_commands_parse(tmp_path, monkeypatch):
     def parsed(parse):
         def stop(self, *args, **kwargs):
             raise _Parsed(parse(self, *args, **kwargs))
+
         return stop
 
     for name in ("parse_args", "parse_intermixed_args"):

@@ -1,6 +1,7 @@
 """run.ema_decay (an EMA of the trainable weights: its recursion, skipped steps, resume, run.eval_ema)
 and grpo.ref_refresh_every (the KL reference becomes the policy every N steps, and stays so on
 resume), on a tiny random-init MAR (CPU, seconds)."""
+
 from __future__ import annotations
 
 import pytest
@@ -34,14 +35,30 @@ def tiny_checkpoint(tmp_path_factory):
 
 def make(tmp_path, checkpoint, *extra, nan_calls=()) -> Trainer:
     NaNOnSomeCalls.nan_calls, NaNOnSomeCalls.calls = set(nan_calls), 0
-    return Trainer(load_config(None, [
-        f"backbone.checkpoint={checkpoint}", f"run.out_dir={tmp_path / 'run'}", "run.tensorboard=false",
-        "run.eval_every=0", "run.save_every=0", "run.threads=1", "run.max_bad_steps=100",
-        "run.eval_per_category=1", "run.eval_samples_per_prompt=1",
-        "rollout.num_mask_steps=4", "rollout.record_mask_steps=2", "rollout.record_diffusion_steps=2",
-        "grpo.group_size=4", "grpo.prompts_per_step=2", "rewards={test_ema_nan_on_some_calls: 1.0}",
-        "optim.lr=1e-2", *extra,
-    ]))
+    return Trainer(
+        load_config(
+            None,
+            [
+                f"backbone.checkpoint={checkpoint}",
+                f"run.out_dir={tmp_path / 'run'}",
+                "run.tensorboard=false",
+                "run.eval_every=0",
+                "run.save_every=0",
+                "run.threads=1",
+                "run.max_bad_steps=100",
+                "run.eval_per_category=1",
+                "run.eval_samples_per_prompt=1",
+                "rollout.num_mask_steps=4",
+                "rollout.record_mask_steps=2",
+                "rollout.record_diffusion_steps=2",
+                "grpo.group_size=4",
+                "grpo.prompts_per_step=2",
+                "rewards={test_ema_nan_on_some_calls: 1.0}",
+                "optim.lr=1e-2",
+                *extra,
+            ],
+        )
+    )
 
 
 def steps(trainer: Trainer, count: int) -> list[dict]:
@@ -130,14 +147,17 @@ def test_ema_and_refreshed_reference_resume_exactly(tmp_path, tiny_checkpoint):
     assert ema.keys() == expected.keys() and all(torch.equal(ema[n], expected[n]) for n in ema)
 
 
-@pytest.mark.parametrize("key, extra, words", [
-    ("run.ema_decay", ["run.ema_decay=1"], "[0, 1)"),
-    ("run.ema_decay", ["run.ema_decay=-0.1"], "[0, 1)"),
-    ("run.eval_ema", ["run.eval_ema=true"], "run.ema_decay"),
-    ("grpo.ref_refresh_every", ["grpo.ref_refresh_every=-1"], ">= 0"),
-    ("grpo.ref_refresh_every", ["grpo.ref_refresh_every=2", "grpo.lora.rank=4"], "grpo.lora.rank"),
-    ("grpo.ref_refresh_every", ["grpo.ref_refresh_every=2", "grpo.kl_beta=0"], "grpo.kl_beta"),
-])
+@pytest.mark.parametrize(
+    "key, extra, words",
+    [
+        ("run.ema_decay", ["run.ema_decay=1"], "[0, 1)"),
+        ("run.ema_decay", ["run.ema_decay=-0.1"], "[0, 1)"),
+        ("run.eval_ema", ["run.eval_ema=true"], "run.ema_decay"),
+        ("grpo.ref_refresh_every", ["grpo.ref_refresh_every=-1"], ">= 0"),
+        ("grpo.ref_refresh_every", ["grpo.ref_refresh_every=2", "grpo.lora.rank=4"], "grpo.lora.rank"),
+        ("grpo.ref_refresh_every", ["grpo.ref_refresh_every=2", "grpo.kl_beta=0"], "grpo.kl_beta"),
+    ],
+)
 def test_bad_settings_fail_at_load_naming_the_key(key, extra, words):
     with pytest.raises(ConfigError) as err:
         load_config(None, extra)

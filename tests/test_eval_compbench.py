@@ -3,6 +3,7 @@ answers with known results, the prompt-file layout and its errors, the prompt re
 table arithmetic with injected model outputs, the metric models on tiny random-init models in their
 Hugging Face layouts, and the command end to end on a tiny ShapesWorld model. The prompt files are
 written by the tests (a few lines in the benchmark's format), never the benchmark's own."""
+
 from __future__ import annotations
 
 import copy
@@ -31,8 +32,7 @@ FILES = {
     "non_spatial_val.txt": ["a man is reading a book"],
     "numeracy_val.txt": ["two dogs and one cat"],
     "new_objects.txt": ["dog - dogs", "cat - cats", "teddy bear - teddy bears"],
-    "complex_val.txt": ["The red dog was on the left of the blue bench.", "A man is reading a red book.",
-                        "The green cat is near the dog."],
+    "complex_val.txt": ["The red dog was on the left of the blue bench.", "A man is reading a red book.", "The green cat is near the dog."],
     "complex_val_spatial.txt": ["The red dog was on the left of the blue bench."],
     "complex_val_action.txt": ["A man is reading a red book."],
 }
@@ -40,11 +40,16 @@ FILES = {
 
 # the same layout in the tiny ShapesWorld model's words (end-to-end test)
 SHAPES_FILES = {
-    "color_val.txt": ["a red square and a blue circle"], "shape_val.txt": ["a triangle and a square"],
-    "texture_val.txt": ["a green circle and a yellow triangle"], "spatial_val.txt": ["a square left of a circle"],
-    "3d_spatial_val.txt": ["a circle above a triangle"], "non_spatial_val.txt": ["an image of a red circle"],
-    "numeracy_val.txt": ["two squares and a circle"], "new_objects.txt": ["square - squares", "circle - circles"],
-    "complex_val.txt": ["a red square left of a blue circle"], "complex_val_spatial.txt": [],
+    "color_val.txt": ["a red square and a blue circle"],
+    "shape_val.txt": ["a triangle and a square"],
+    "texture_val.txt": ["a green circle and a yellow triangle"],
+    "spatial_val.txt": ["a square left of a circle"],
+    "3d_spatial_val.txt": ["a circle above a triangle"],
+    "non_spatial_val.txt": ["an image of a red circle"],
+    "numeracy_val.txt": ["two squares and a circle"],
+    "new_objects.txt": ["square - squares", "circle - circles"],
+    "complex_val.txt": ["a red square left of a blue circle"],
+    "complex_val_spatial.txt": [],
     "complex_val_action.txt": [],
 }
 
@@ -66,16 +71,23 @@ def box(cx: float, cy: float, size: float = 0.2, score: float = 0.9) -> Box:
 def test_attribute_score_is_the_product_over_the_first_eight_phrases():
     assert rules.attribute_score([]) == 1.0
     assert rules.attribute_score([0.5, 0.8]) == pytest.approx(0.4)
-    assert rules.attribute_score([0.5] * 8 + [0.0]) == pytest.approx(0.5 ** 8)  # a ninth phrase is not asked
+    assert rules.attribute_score([0.5] * 8 + [0.0]) == pytest.approx(0.5**8)  # a ninth phrase is not asked
 
 
-@pytest.mark.parametrize("locality, subject, expected", [
-    ("on the left of", (0.2, 0.5), 1.0), ("on the left of", (0.8, 0.5), 0.0), ("on the right of", (0.8, 0.5), 1.0),
-    ("on the top of", (0.5, 0.2), 1.0), ("on the bottom of", (0.5, 0.8), 1.0), ("on the top of", (0.5, 0.8), 0.0),
-    ("on the left of", (0.3, 0.1), 0.0),  # offset mostly vertical: not "left of"
-    ("on top of", (0.5, 0.2), 0.0),  # not a locality the benchmark's position rule handles
-    ("near", (0.7, 0.9), 1.0),  # within 150 / 512 of the side on one axis
-])
+@pytest.mark.parametrize(
+    "locality, subject, expected",
+    [
+        ("on the left of", (0.2, 0.5), 1.0),
+        ("on the left of", (0.8, 0.5), 0.0),
+        ("on the right of", (0.8, 0.5), 1.0),
+        ("on the top of", (0.5, 0.2), 1.0),
+        ("on the bottom of", (0.5, 0.8), 1.0),
+        ("on the top of", (0.5, 0.8), 0.0),
+        ("on the left of", (0.3, 0.1), 0.0),  # offset mostly vertical: not "left of"
+        ("on top of", (0.5, 0.2), 0.0),  # not a locality the benchmark's position rule handles
+        ("near", (0.7, 0.9), 1.0),  # within 150 / 512 of the side on one axis
+    ],
+)
 def test_position_2d(locality, subject, expected):
     assert rules.position_2d(locality, box(*subject), box(0.5, 0.5)) == pytest.approx(expected)
 
@@ -99,14 +111,18 @@ def test_pair_score_weights_and_the_2d_cut():
     assert rules.pair_score(box(0.2, 0.5, score=0.4), box(0.8, 0.5, score=0.4), position=0.5) == pytest.approx(0.45)
 
 
-@pytest.mark.parametrize("locality, depths, shift, expected", [
-    ("in front of", (0.8, 0.3), 0.0, 1.0),      # nearer, IoU 1 > 0.5
-    ("in front of", (0.3, 0.8), 0.0, 0.0),      # farther
-    ("behind", (0.3, 0.8), 0.0, 1.0), ("hidden", (0.3, 0.8), 0.0, 1.0),
-    ("in front of", (0.8, 0.3), 0.12, 0.25 / 0.5),  # IoU 0.25 of two 0.2-boxes shifted by 0.12: IoU / 0.5
-    ("in front of", (0.8, 0.3), 0.5, 0.0),      # no overlap
-    ("near", (0.8, 0.3), 0.0, 0.0),
-])
+@pytest.mark.parametrize(
+    "locality, depths, shift, expected",
+    [
+        ("in front of", (0.8, 0.3), 0.0, 1.0),  # nearer, IoU 1 > 0.5
+        ("in front of", (0.3, 0.8), 0.0, 0.0),  # farther
+        ("behind", (0.3, 0.8), 0.0, 1.0),
+        ("hidden", (0.3, 0.8), 0.0, 1.0),
+        ("in front of", (0.8, 0.3), 0.12, 0.25 / 0.5),  # IoU 0.25 of two 0.2-boxes shifted by 0.12: IoU / 0.5
+        ("in front of", (0.8, 0.3), 0.5, 0.0),  # no overlap
+        ("near", (0.8, 0.3), 0.0, 0.0),
+    ],
+)
 def test_position_3d(locality, depths, shift, expected):
     a, b = box(0.5, 0.5), box(0.5 + shift, 0.5)
     assert rules.position_3d(locality, a, b, *depths) == pytest.approx(expected, abs=1e-6)
@@ -120,8 +136,16 @@ def test_localities_are_found_in_the_benchmark_order():
 
 
 def test_numeracy_objects_from_number_words_and_the_object_list():
-    objects = {"dog": "dog", "dogs": "dog", "cat": "cat", "cats": "cat", "teddy bear": "teddy bear",
-               "teddy bears": "teddy bear", "bowl": "bowl", "bowls": "bowl"}
+    objects = {
+        "dog": "dog",
+        "dogs": "dog",
+        "cat": "cat",
+        "cats": "cat",
+        "teddy bear": "teddy bear",
+        "teddy bears": "teddy bear",
+        "bowl": "bowl",
+        "bowls": "bowl",
+    }
     assert rules.numeracy_objects("three dogs, two cats and one bowl", objects) == [("dog", 3), ("cat", 2), ("bowl", 1)]
     assert rules.numeracy_objects("two teddy bears and a cat", objects) == [("teddy bear", 2), ("cat", 1)]
     assert rules.numeracy_objects("a teddy bear near six cats", objects) == [("teddy bear", 1), ("cat", 6)]
@@ -164,8 +188,11 @@ def test_reads_the_checkout_layout_or_the_dataset_folder(tmp_path):
 
 def test_missing_or_bad_files_are_named_with_the_source(tmp_path):
     root = write_data(tmp_path, skip=("numeracy_val.txt",))
-    with pytest.raises(CompBenchDataError, match=r"missing file .*numeracy_val.txt: T2I-CompBench's numeracy_val.txt, "
-                                                 r"published at https://github.com/Karine-Huang/T2I-CompBench"):
+    with pytest.raises(
+        CompBenchDataError,
+        match=r"missing file .*numeracy_val.txt: T2I-CompBench's numeracy_val.txt, "
+        r"published at https://github.com/Karine-Huang/T2I-CompBench",
+    ):
         CompBenchData.read(root)
     assert CompBenchData.read(root, ("color", "complex")).prompts["complex"]  # other categories need not it
     (root / "examples" / "dataset" / "numeracy_val.txt").write_text("two dogs\n")
@@ -182,16 +209,14 @@ def test_missing_or_bad_files_are_named_with_the_source(tmp_path):
 def test_rule_parser_reads_the_templated_prompts():
     parser = RuleParser()
     assert parser.noun_phrases("a green bench and a blue bowl") == ["a green bench", "a blue bowl"]
-    assert parser.noun_phrases("A bathroom with white tile and a beige toilet.") == [
-        "a bathroom", "white tile", "a beige toilet"]
+    assert parser.noun_phrases("A bathroom with white tile and a beige toilet.") == ["a bathroom", "white tile", "a beige toilet"]
     assert parser.noun_phrases("a table on the right of a man") == ["a table", "a man"]
     assert parser.spatial_pair("a giraffe next to a lamp") == ("giraffe", "lamp")
     assert parser.spatial_pair("a sheep hidden by a refrigerator") == ("sheep", "refrigerator")
     assert parser.spatial_pair("a dog in front of a desk") == ("dog", "desk")
     assert parser.complex_pair("The red hat was on top of the brown coat rack.") == ("hat", "rack")
     assert parser.complex_pair("The red hat and the coat.") is None
-    assert parser.without_adjectives("The fluffy cat is on the left of the soft pillow.") == \
-        "the cat is on the left of the pillow"
+    assert parser.without_adjectives("The fluffy cat is on the left of the soft pillow.") == "the cat is on the left of the pillow"
     assert not parser.official
 
 
@@ -214,10 +239,11 @@ def test_spacy_reading_with_a_tagged_doc():
 
     docs = {
         "The red hat was on top of the coat rack": FakeDoc(
-            "The/DET red/ADJ hat/NOUN was/AUX on/ADP top/NOUN of/ADP the/DET coat/NOUN rack/NOUN",
-            ["The red hat", "top", "the coat rack"]),
-        "a table on the right of a man": FakeDoc("a/DET table/NOUN on/ADP the/DET right/NOUN of/ADP a/DET man/NOUN",
-                                                 ["a table", "the right", "a man"]),
+            "The/DET red/ADJ hat/NOUN was/AUX on/ADP top/NOUN of/ADP the/DET coat/NOUN rack/NOUN", ["The red hat", "top", "the coat rack"]
+        ),
+        "a table on the right of a man": FakeDoc(
+            "a/DET table/NOUN on/ADP the/DET right/NOUN of/ADP a/DET man/NOUN", ["a table", "the right", "a man"]
+        ),
         "Paris near the sea": FakeDoc("Paris/PROPN near/ADP the/DET sea/NOUN", ["Paris", "the sea"]),
         "a cat near a dog near a cow": FakeDoc("a/DET cat/NOUN near/ADP a/DET dog/NOUN near/ADP a/DET cow/NOUN", []),
     }
@@ -267,10 +293,21 @@ def test_table_arithmetic_with_injected_model_outputs(suite):
     detections, depths and similarities."""
     suite = copy.copy(suite)
     suite.models = {}
-    answers = {"a green bench?": 0.5, "a blue bowl?": 0.8, "a red book?": 0.9, "a blue cake?": 0.1,
-               "a round clock?": 0.7, "a square bowl?": 0.7, "a plastic toy?": 1.0, "a glass bottle?": 0.3,
-               "the red dog?": 0.6, "the blue bench?": 0.5, "a man?": 0.9,
-               "the green cat?": 0.4, "the dog?": 1.0}
+    answers = {
+        "a green bench?": 0.5,
+        "a blue bowl?": 0.8,
+        "a red book?": 0.9,
+        "a blue cake?": 0.1,
+        "a round clock?": 0.7,
+        "a square bowl?": 0.7,
+        "a plastic toy?": 1.0,
+        "a glass bottle?": 0.3,
+        "the red dog?": 0.6,
+        "the blue bench?": 0.5,
+        "a man?": 0.9,
+        "the green cat?": 0.4,
+        "the dog?": 1.0,
+    }
     blip_calls = []
 
     class FakeBlip:
@@ -315,8 +352,7 @@ def test_table_arithmetic_with_injected_model_outputs(suite):
     assert "a man?" in blip_calls and "a green bench?" in blip_calls
     details = {d["prompt"]: d for d in report.details}
     assert details["two dogs and one cat"]["objects"] == [("dog", 2), ("cat", 1)]
-    assert details[FILES["complex_val.txt"][0]]["parts"] == {"attribute": pytest.approx(0.3),
-                                                             "spatial": pytest.approx(0.85)}
+    assert details[FILES["complex_val.txt"][0]]["parts"] == {"attribute": pytest.approx(0.3), "spatial": pytest.approx(0.85)}
     assert sum(d["score"] for d in report.details if d["tag"] == "spatial") / 2 == pytest.approx(s["spatial"])
 
 
@@ -324,8 +360,9 @@ def test_every_table_labels_the_substitutes(suite, data_dir, tmp_path):
     records = suite.prompts(1, seed=0)
     report = suite.score(torch.rand(len(records), 3, 48, 48), records)
     table = report.table()
-    rows = {line.split()[1] if line.startswith("t2i-compbench:") else line.split()[0]: line
-            for line in table.splitlines()[1:] if line.strip()}
+    rows = {
+        line.split()[1] if line.startswith("t2i-compbench:") else line.split()[0]: line for line in table.splitlines()[1:] if line.strip()
+    }
     for category in ("spatial", "3d_spatial", "numeracy", "complex"):
         assert "SUBSTITUTE for UniDet" in rows[category]
     assert "SUBSTITUTE" not in rows["non_spatial"] and "SUBSTITUTE" not in rows["color"]
@@ -337,8 +374,7 @@ def test_every_table_labels_the_substitutes(suite, data_dir, tmp_path):
     assert "not comparable with published T2I-CompBench numbers" in markdown
     assert all(0.0 <= v <= 1.0 for k, v in report.scores.items() if k != "non_spatial")
     saved = json.loads(out.read_text())
-    assert saved["substitutes"] == ["color", "shape", "texture", "spatial", "3d_spatial", "numeracy",
-                                                "complex"]
+    assert saved["substitutes"] == ["color", "shape", "texture", "spatial", "3d_spatial", "numeracy", "complex"]
 
 
 def test_blip_clip_and_depth_run_on_tiny_models(model_dirs):
@@ -355,26 +391,30 @@ def test_blip_clip_and_depth_run_on_tiny_models(model_dirs):
     assert m.clean_question("A Blue (Bowl)!?") == "a blue bowl?"
     depth = m.Depth(model_dirs["depth"], cpu, torch.float32)(images)
     assert depth.shape == (2, 40, 40) and depth.amin() == 0.0 and depth.amax() == 1.0
-    assert m.mean_in_box(torch.arange(16.0).view(4, 4), Box(0.0, 0.5, 0.5, 1.0, 1.0)) == pytest.approx(
-        (8 + 9 + 12 + 13) / 4)  # rows are y
+    assert m.mean_in_box(torch.arange(16.0).view(4, 4), Box(0.0, 0.5, 0.5, 1.0, 1.0)) == pytest.approx((8 + 9 + 12 + 13) / 4)  # rows are y
     cosine = m.Clip(model_dirs["clip"], cpu, torch.float32).cosine(images, ["a cat", "a dog"])
     assert cosine.shape == (2,) and (cosine.abs() <= 1).all()
 
 
 def test_missing_models_and_data_are_named(model_dirs, data_dir, tmp_path):
-    with pytest.raises(MissingWeightsError, match=r"t2i-compbench BLIP-VQA: weights dir not found: .*nowhere "
-                                                  r"\(option --blip; .*Salesforce/blip-vqa-base"):
+    with pytest.raises(
+        MissingWeightsError,
+        match=r"t2i-compbench BLIP-VQA: weights dir not found: .*nowhere "
+        r"\(option --blip; .*Salesforce/blip-vqa-base",
+    ):
         build_suite("t2i-compbench", data=str(data_dir), **{**model_dirs, "blip": str(tmp_path / "nowhere")})
     empty = tmp_path / "depth"
     empty.mkdir()
-    with pytest.raises(MissingWeightsError, match=r"missing file .*depth/preprocessor_config.json \(option --depth;.*"
-                                                  r"Intel/dpt-hybrid-midas"):
+    with pytest.raises(
+        MissingWeightsError,
+        match=r"missing file .*depth/preprocessor_config.json \(option --depth;.*"
+        r"Intel/dpt-hybrid-midas",
+    ):
         build_suite("t2i-compbench", data=str(data_dir), **{**model_dirs, "depth": str(empty)})
     with pytest.raises(MissingWeightsError, match=r"substitute for UniDet.*option --detector"):
         build_suite("t2i-compbench", data=str(data_dir), **{**model_dirs, "detector": str(tmp_path / "x")})
     # only the models of the categories asked for are needed
-    only = build_suite("t2i-compbench", data=str(data_dir), categories="non_spatial", clip=model_dirs["clip"],
-                       device="cpu")
+    only = build_suite("t2i-compbench", data=str(data_dir), categories="non_spatial", clip=model_dirs["clip"], device="cpu")
     assert set(only.models) == {"clip"} and only.parser is None
     with pytest.raises(ValueError, match="--data: required"):
         build_suite("t2i-compbench", clip=model_dirs["clip"])
@@ -389,11 +429,35 @@ def tiny_checkpoint(tmp_path_factory):
 def test_eval_compbench_end_to_end_on_a_shapesworld_model(tmp_path, tiny_checkpoint, model_dirs, capsys):
     data_dir = write_data(tmp_path / "benchmark", files=SHAPES_FILES)
     out = tmp_path / "compbench.json"
-    args = ["--config", EMPTY, f"backbone.checkpoint={tiny_checkpoint}", "rollout.num_mask_steps=2",
-            "rollout.record_mask_steps=1", "rollout.record_diffusion_steps=1", "run.threads=1",
-            "--suite", "t2i-compbench", "--data", str(data_dir), "--per-category", "1", "--samples-per-prompt", "2",
-            "--spacy", "rules", "--blip", model_dirs["blip"], "--clip", model_dirs["clip"],
-            "--detector", model_dirs["detector"], "--depth", model_dirs["depth"], "--out", str(out)]
+    args = [
+        "--config",
+        EMPTY,
+        f"backbone.checkpoint={tiny_checkpoint}",
+        "rollout.num_mask_steps=2",
+        "rollout.record_mask_steps=1",
+        "rollout.record_diffusion_steps=1",
+        "run.threads=1",
+        "--suite",
+        "t2i-compbench",
+        "--data",
+        str(data_dir),
+        "--per-category",
+        "1",
+        "--samples-per-prompt",
+        "2",
+        "--spacy",
+        "rules",
+        "--blip",
+        model_dirs["blip"],
+        "--clip",
+        model_dirs["clip"],
+        "--detector",
+        model_dirs["detector"],
+        "--depth",
+        model_dirs["depth"],
+        "--out",
+        str(out),
+    ]
     assert evaluate.main(args) == 0
     report = json.loads(out.read_text())
     assert list(report["scores"]) == list(CATEGORIES)

@@ -2,6 +2,7 @@
 tiny random-init reward models in their official layouts, the before / after comparison, its error
 paths, and the command end to end on a tiny ShapesWorld model (twice, the second run compared with
 the first)."""
+
 from __future__ import annotations
 
 import json
@@ -35,7 +36,7 @@ def test_paired_difference_mean_and_interval():
     assert d.mean == pytest.approx(float(diffs.mean()))
     assert d.low < d.mean < d.high and d.prompts == 40 and d.level == 0.95
     # the interval is about mean +- 1.96 standard errors
-    se = float(diffs.std() / 40 ** 0.5)
+    se = float(diffs.std() / 40**0.5)
     assert d.high - d.low == pytest.approx(2 * 1.96 * se, rel=0.15)
     assert paired_difference(before, after) == d  # fixed seed: reproducible
     assert paired_difference(before, after, level=0.5).high - paired_difference(before, after, level=0.5).low < d.high - d.low
@@ -52,7 +53,9 @@ def test_paired_difference_errors():
 
 def test_reward_options_parse():
     assert parse_reward_options(["hps.version=2.0", "pickscore.processor_path=/p", "hps.preprocess=center_crop"]) == {
-        "hps": {"version": "2.0", "preprocess": "center_crop"}, "pickscore": {"processor_path": "/p"}}
+        "hps": {"version": "2.0", "preprocess": "center_crop"},
+        "pickscore": {"processor_path": "/p"},
+    }
     assert parse_reward_options(None) == {}
     for bad in ("hps=2.0", "clipscore.path=x", "hps.version"):
         with pytest.raises(ConfigError, match=f"--reward-option: got '{bad}', expected REWARD.OPTION=VALUE"):
@@ -71,8 +74,7 @@ def weights(tmp_path_factory):
 
 def suite_for(weights, **options):
     root, architecture = weights
-    return build_suite("preference", weights=str(root), reward_options={"hps": {"architecture": architecture}},
-                       device="cpu", **options)
+    return build_suite("preference", weights=str(root), reward_options={"hps": {"architecture": architecture}}, device="cpu", **options)
 
 
 RECORDS = [PromptRecord("a red cat"), PromptRecord("a red cat"), PromptRecord("two dogs"), PromptRecord("two dogs")]
@@ -87,15 +89,16 @@ def test_scores_table_and_per_prompt_means(weights, tmp_path):
     report = suite.score(images(0), RECORDS)
     assert list(report.scores) == NAMES  # the paper's order: HPS, ImageReward, PickScore, aesthetic
     root, architecture = weights
-    direct = build_reward("hps", device="cpu", path=str(root / "hps" / "HPS_v2.1_compressed.pt"),
-                          architecture=architecture)(images(0), [r.prompt for r in RECORDS])
+    direct = build_reward("hps", device="cpu", path=str(root / "hps" / "HPS_v2.1_compressed.pt"), architecture=architecture)(
+        images(0), [r.prompt for r in RECORDS]
+    )
     assert [d["scores"]["hps"] for d in report.details] == pytest.approx(direct.tolist())
     assert report.scores["hps"] == pytest.approx(float(direct.mean()))
-    assert [(d["prompt"], d["sample"]) for d in report.details] == [("a red cat", 0), ("a red cat", 1),
-                                                                     ("two dogs", 0), ("two dogs", 1)]
+    assert [(d["prompt"], d["sample"]) for d in report.details] == [("a red cat", 0), ("a red cat", 1), ("two dogs", 0), ("two dogs", 1)]
     assert report.per_prompt[1]["prompt"] == "two dogs"
     assert report.per_prompt[1]["aesthetic"] == pytest.approx(
-        (report.details[2]["scores"]["aesthetic"] + report.details[3]["scores"]["aesthetic"]) / 2)
+        (report.details[2]["scores"]["aesthetic"] + report.details[3]["scores"]["aesthetic"]) / 2
+    )
     table = report.table().splitlines()
     assert table[0].split()[1:] == ["HPS", "v2.1", "(x100)", "ImageReward", "PickScore", "Aesthetic"]
     assert table[1].split()[2] == f"{100 * report.scores['hps']:.2f}"  # HPS shown x 100, as the paper
@@ -154,10 +157,25 @@ def test_eval_preference_end_to_end_before_and_after(tmp_path, tiny_checkpoint, 
     root, architecture = weights
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a red square\ntwo blue circles\n")
-    common = ["--config", EMPTY, f"backbone.checkpoint={tiny_checkpoint}", "rollout.num_mask_steps=2",
-              "rollout.record_mask_steps=1", "rollout.record_diffusion_steps=1", "run.threads=1",
-              "--suite", "preference", "--prompts", str(prompts), "--samples-per-prompt", "2",
-              "--weights", str(root), "--reward-option", f"hps.architecture={architecture}"]
+    common = [
+        "--config",
+        EMPTY,
+        f"backbone.checkpoint={tiny_checkpoint}",
+        "rollout.num_mask_steps=2",
+        "rollout.record_mask_steps=1",
+        "rollout.record_diffusion_steps=1",
+        "run.threads=1",
+        "--suite",
+        "preference",
+        "--prompts",
+        str(prompts),
+        "--samples-per-prompt",
+        "2",
+        "--weights",
+        str(root),
+        "--reward-option",
+        f"hps.architecture={architecture}",
+    ]
     first = tmp_path / "before.json"
     assert evaluate.main([*common, "--out", str(first)]) == 0
     report = json.loads(first.read_text())

@@ -2,6 +2,7 @@
 run.train_prompts), honours --prompts without --suite, and a suite's errors are one line (exit 2)
 said before any scorer loads: a prompt file without the metadata it judges, a missing CLIP
 directory, prompt words the model does not know. A suite needs no configured reward."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,10 @@ from margrpo.train import evaluate
 
 EMPTY = str(Path(__file__).parent / "empty.yaml")
 SEEN: list[tuple[list[str], list[dict] | None]] = []
-META = [{"prompt": "a red square", "tag": "colors", "objects": [{"class": "square", "color": "red"}]},
-        {"prompt": "two blue circles", "tag": "counting", "objects": [{"class": "circle", "count": 2}]}]
+META = [
+    {"prompt": "a red square", "tag": "colors", "objects": [{"class": "square", "color": "red"}]},
+    {"prompt": "two blue circles", "tag": "counting", "objects": [{"class": "circle", "count": 2}]},
+]
 
 
 @register("test_eval_prompts_recorder")
@@ -39,9 +42,17 @@ def tiny(tmp_path_factory):
 
 
 def _common(checkpoint) -> list[str]:
-    return ["--config", EMPTY, f"backbone.checkpoint={checkpoint}", "rollout.num_mask_steps=2",
-            "rollout.record_mask_steps=1", "rollout.record_diffusion_steps=1", "run.eval_samples_per_prompt=1",
-            "run.threads=1", "run.device=cpu"]
+    return [
+        "--config",
+        EMPTY,
+        f"backbone.checkpoint={checkpoint}",
+        "rollout.num_mask_steps=2",
+        "rollout.record_mask_steps=1",
+        "rollout.record_diffusion_steps=1",
+        "run.eval_samples_per_prompt=1",
+        "run.threads=1",
+        "run.device=cpu",
+    ]
 
 
 def _files(tmp_path):
@@ -55,8 +66,12 @@ def _files(tmp_path):
 def test_eval_takes_metadata_from_the_eval_prompts_not_the_train_prompts(tmp_path, tiny):
     plain, jsonl = _files(tmp_path)
     SEEN.clear()
-    assert evaluate.main([*_common(tiny), "rewards={test_eval_prompts_recorder: 1.0}", f"run.train_prompts={plain}",
-                          f"run.eval_prompts={jsonl}"]) == 0
+    assert (
+        evaluate.main(
+            [*_common(tiny), "rewards={test_eval_prompts_recorder: 1.0}", f"run.train_prompts={plain}", f"run.eval_prompts={jsonl}"]
+        )
+        == 0
+    )
     prompts, metadata = SEEN[-1]
     assert prompts == ["a red square", "two blue circles"] and metadata[1]["numeracy_info"]  # derived from objects
 
@@ -64,8 +79,10 @@ def test_eval_takes_metadata_from_the_eval_prompts_not_the_train_prompts(tmp_pat
 def test_eval_scores_the_prompts_option_with_its_metadata(tmp_path, tiny, capsys):
     plain, jsonl = _files(tmp_path)
     SEEN.clear()
-    assert evaluate.main([*_common(tiny), "rewards={test_eval_prompts_recorder: 1.0}", f"run.train_prompts={plain}",
-                          "--prompts", str(jsonl)]) == 0
+    assert (
+        evaluate.main([*_common(tiny), "rewards={test_eval_prompts_recorder: 1.0}", f"run.train_prompts={plain}", "--prompts", str(jsonl)])
+        == 0
+    )
     assert SEEN[-1][0] == ["a red square", "two blue circles"] and SEEN[-1][1][0]["nouns"]
     assert "heldout/reward=" in capsys.readouterr().out
     with pytest.raises(ConfigError, match="^run.eval_prompts: reward.s. test_eval_prompts_recorder .*plain.txt"):
@@ -77,8 +94,9 @@ def test_unknown_prompt_words_are_a_one_line_error(tmp_path, tiny, capsys):
     odd.write_text(json.dumps({"prompt": "a photo of a cup", "objects": [{"class": "cup"}]}) + "\n")
     assert cli.main(["eval", *_common(tiny), "--prompts", str(odd)]) == 2
     assert "margrpo eval: error: --prompts: unknown word(s) 'photo'" in capsys.readouterr().err
-    assert cli.main(["eval", *_common(tiny), "--suite", "geneval", "--prompts", str(odd),
-                     "--detector", "x", "--clip", "y"]) == 2  # before the scorer's directories are even looked at
+    assert (
+        cli.main(["eval", *_common(tiny), "--suite", "geneval", "--prompts", str(odd), "--detector", "x", "--clip", "y"]) == 2
+    )  # before the scorer's directories are even looked at
     assert "--prompts: unknown word(s)" in capsys.readouterr().err
 
 
@@ -91,8 +109,9 @@ def test_a_suite_checks_its_prompt_file_before_loading_and_needs_no_reward(tmp_p
     bare = tmp_path / "bare.jsonl"
     bare.write_text(json.dumps({"prompt": "a red square"}) + "\n")
     with pytest.raises(ConfigError, match="^--prompts: geneval: prompt 'a red square' has no 'objects' metadata"):
-        evaluate.main([*_common(tiny), "rewards={hps: 1.0}", "--suite", "geneval", "--prompts", str(bare),
-                       "--detector", "x", "--clip", "y"])
+        evaluate.main(
+            [*_common(tiny), "rewards={hps: 1.0}", "--suite", "geneval", "--prompts", str(bare), "--detector", "x", "--clip", "y"]
+        )
 
 
 def test_a_missing_clip_directory_is_said_before_the_detector_loads(tmp_path, tiny, monkeypatch, capsys):
@@ -107,8 +126,19 @@ def test_a_missing_clip_directory_is_said_before_the_detector_loads(tmp_path, ti
 
     monkeypatch.setattr(grounding_dino, "GroundingDinoReward", no_loading)
     _, jsonl = _files(tmp_path)
-    args = ["eval", *_common(tiny), "rewards={hps: 1.0}", "--suite", "geneval", "--prompts", str(jsonl),
-            "--detector", detector, "--clip", str(tmp_path / "no-clip")]
+    args = [
+        "eval",
+        *_common(tiny),
+        "rewards={hps: 1.0}",
+        "--suite",
+        "geneval",
+        "--prompts",
+        str(jsonl),
+        "--detector",
+        detector,
+        "--clip",
+        str(tmp_path / "no-clip"),
+    ]
     monkeypatch.setenv("MARGRPO_WEIGHTS_DIR", str(tmp_path / "no-weights"))
     assert cli.main(args) == 2
     err = capsys.readouterr().err.strip()

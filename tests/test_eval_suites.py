@@ -1,6 +1,7 @@
 """`margrpo eval --suite` (margrpo.eval_suites): GenEval-style prompts, the scoring rules on synthetic
 detections with known answers, the detector + CLIP scorer on tiny random-init models of the real
 architectures, and the whole command end to end on tiny random-init MAR models."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,16 @@ import torch
 from conftest import make_tiny_checkpoint
 from margrpo.config import ConfigError
 from margrpo.eval_suites import available_suites, build_suite
-from margrpo.eval_suites.geneval_prompts import (CATEGORIES, COCO_CLASSES, COLORS, COUNT_WORDS, RELATIONS,
-                                                 geneval_prompts, plural, with_article)
+from margrpo.eval_suites.geneval_prompts import (
+    CATEGORIES,
+    COCO_CLASSES,
+    COLORS,
+    COUNT_WORDS,
+    RELATIONS,
+    geneval_prompts,
+    plural,
+    with_article,
+)
 from margrpo.eval_suites.geneval_score import Box, judge, relation_holds, summarize
 from margrpo.prompt_files import parse_record
 from margrpo.rewards import MissingWeightsError, synthetic
@@ -50,7 +59,15 @@ def test_geneval_prompts_cover_the_six_categories_with_valid_metadata():
 
 def test_plurals_and_articles():
     assert [plural(n) for n in ("person", "wine glass", "bus", "knife", "couch", "sheep", "cup", "toothbrush")] == [
-        "people", "wine glasses", "buses", "knives", "couches", "sheep", "cups", "toothbrushes"]
+        "people",
+        "wine glasses",
+        "buses",
+        "knives",
+        "couches",
+        "sheep",
+        "cups",
+        "toothbrushes",
+    ]
     assert with_article("orange") == "an orange" and with_article("orange car") == "an orange car"
     assert with_article("red apple") == "a red apple"
 
@@ -82,14 +99,20 @@ def test_colour_is_read_from_the_most_confident_box():
     assert not judge(attr, {"bowl": [box(0.3, 0.5, color="blue")], "chair": [box(0.7, 0.5, color="red")]})[0]
 
 
-@pytest.mark.parametrize("relation, subject, correct", [
-    ("left of", (0.2, 0.5), True), ("left of", (0.8, 0.5), False), ("right of", (0.8, 0.5), True),
-    ("above", (0.5, 0.1), True), ("above", (0.5, 0.9), False), ("below", (0.5, 0.9), True),
-    ("left of", (0.47, 0.5), False),  # within the margin: not clearly left
-])
+@pytest.mark.parametrize(
+    "relation, subject, correct",
+    [
+        ("left of", (0.2, 0.5), True),
+        ("left of", (0.8, 0.5), False),
+        ("right of", (0.8, 0.5), True),
+        ("above", (0.5, 0.1), True),
+        ("above", (0.5, 0.9), False),
+        ("below", (0.5, 0.9), True),
+        ("left of", (0.47, 0.5), False),  # within the margin: not clearly left
+    ],
+)
 def test_position_compares_box_centres_along_the_relations_axis(relation, subject, correct):
-    meta = {"objects": [{"class": "dog"}, {"class": "bench"}],
-            "position": {"subject": "dog", "relation": relation, "object": "bench"}}
+    meta = {"objects": [{"class": "dog"}, {"class": "bench"}], "position": {"subject": "dog", "relation": relation, "object": "bench"}}
     found = {"dog": [box(*subject)], "bench": [box(0.5, 0.5)]}
     assert judge(meta, found, margin=0.05)[0] is correct
     assert relation_holds(relation, box(*subject), box(0.5, 0.5), margin=0.0) is (correct or subject == (0.47, 0.5))
@@ -170,15 +193,40 @@ def nova_tiny(tmp_path_factory):
     return nova.save_preset("nova-tiny", tmp_path_factory.mktemp("nova") / "nova-tiny", seed=3)
 
 
-NOVA = ["backbone.name=nova", "backbone.diffusion_steps=2", "rollout.num_mask_steps=2", "rollout.record_mask_steps=1",
-        "rollout.record_diffusion_steps=1", "run.device=cpu", "run.threads=1", "rewards={jpeg_incompressibility: 1.0}"]
+NOVA = [
+    "backbone.name=nova",
+    "backbone.diffusion_steps=2",
+    "rollout.num_mask_steps=2",
+    "rollout.record_mask_steps=1",
+    "rollout.record_diffusion_steps=1",
+    "run.device=cpu",
+    "run.threads=1",
+    "rewards={jpeg_incompressibility: 1.0}",
+]
 
 
 def test_eval_geneval_suite_end_to_end_on_a_tiny_nova(tmp_path, nova_tiny, scorer_dirs, capsys):
     out = tmp_path / "report.json"
-    code = evaluate.main(["--config", EMPTY, *NOVA, f"backbone.checkpoint={nova_tiny}",
-                          "--suite", "geneval", "--per-category", "1", "--samples-per-prompt", "2",
-                          "--detector", scorer_dirs[0], "--clip", scorer_dirs[1], "--out", str(out)])
+    code = evaluate.main(
+        [
+            "--config",
+            EMPTY,
+            *NOVA,
+            f"backbone.checkpoint={nova_tiny}",
+            "--suite",
+            "geneval",
+            "--per-category",
+            "1",
+            "--samples-per-prompt",
+            "2",
+            "--detector",
+            scorer_dirs[0],
+            "--clip",
+            scorer_dirs[1],
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     report = json.loads(out.read_text())
     assert list(report["scores"]) == [*CATEGORIES, "overall"]
@@ -193,11 +241,30 @@ def test_eval_geneval_suite_end_to_end_on_a_tiny_nova(tmp_path, nova_tiny, score
 
 def test_eval_geneval_scores_a_jsonl_prompt_file(tmp_path, nova_tiny, scorer_dirs):
     prompts = tmp_path / "mine.jsonl"
-    prompts.write_text(json.dumps({"prompt": "two cats", "tag": "mine", "objects": [{"class": "cat", "count": 2}]})
-                       + "\n" + json.dumps({"prompt": "a dog"}) + "\n")
-    args = ["--config", EMPTY, *NOVA, f"backbone.checkpoint={nova_tiny}", "--suite", "geneval",
-            "--samples-per-prompt", "2", "--detector", scorer_dirs[0], "--clip", scorer_dirs[1],
-            "--out", str(tmp_path / "r.json"), "--prompts", str(prompts)]
+    prompts.write_text(
+        json.dumps({"prompt": "two cats", "tag": "mine", "objects": [{"class": "cat", "count": 2}]})
+        + "\n"
+        + json.dumps({"prompt": "a dog"})
+        + "\n"
+    )
+    args = [
+        "--config",
+        EMPTY,
+        *NOVA,
+        f"backbone.checkpoint={nova_tiny}",
+        "--suite",
+        "geneval",
+        "--samples-per-prompt",
+        "2",
+        "--detector",
+        scorer_dirs[0],
+        "--clip",
+        scorer_dirs[1],
+        "--out",
+        str(tmp_path / "r.json"),
+        "--prompts",
+        str(prompts),
+    ]
     with pytest.raises(ValueError, match="geneval: prompt 'a dog' has no 'objects' metadata"):
         evaluate.main(args)
     prompts.write_text(prompts.read_text().splitlines()[0] + "\n")
@@ -211,9 +278,17 @@ def tiny_checkpoint(tmp_path_factory):
 
 
 def test_eval_shapes_suite_is_the_default_heldout_evaluation(tmp_path, tiny_checkpoint, capsys):
-    common = ["--config", EMPTY, f"backbone.checkpoint={tiny_checkpoint}", "rollout.num_mask_steps=2",
-              "rollout.record_mask_steps=1", "rollout.record_diffusion_steps=1", "run.eval_per_category=1",
-              "run.eval_samples_per_prompt=1", "run.threads=1"]
+    common = [
+        "--config",
+        EMPTY,
+        f"backbone.checkpoint={tiny_checkpoint}",
+        "rollout.num_mask_steps=2",
+        "rollout.record_mask_steps=1",
+        "rollout.record_diffusion_steps=1",
+        "run.eval_per_category=1",
+        "run.eval_samples_per_prompt=1",
+        "run.threads=1",
+    ]
     assert evaluate.main(common) == 0
     default = dict(kv.split("=") for kv in capsys.readouterr().out.split())
     out = tmp_path / "shapes.json"

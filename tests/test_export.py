@@ -1,6 +1,7 @@
 """Getting a trained model out: `margrpo export` of a run checkpoint (trained tensors, EMA, LoRA merged)
 into the family's layout, and `margrpo sample` / `eval` of a run, a run checkpoint or a model directory.
 End to end on a tiny MAR trained for 2 GRPO steps (CPU, seconds)."""
+
 from __future__ import annotations
 
 import json
@@ -35,11 +36,24 @@ class Redness(Reward):
 
 def run_overrides(base, out, *extra):
     return [
-        f"backbone.checkpoint={base}", f"run.out_dir={out}", "run.tensorboard=false", "run.steps=2",
-        "run.eval_every=0", "run.eval_per_category=1", "run.eval_samples_per_prompt=1", "run.save_every=0",
-        "run.threads=1", "rollout.num_mask_steps=4", "rollout.record_mask_steps=2", "rollout.record_diffusion_steps=2",
-        "grpo.group_size=2", "grpo.prompts_per_step=2", "optim.lr=1e-2", "grpo.kl_beta=0",
-        "rewards={test_export_redness: 1.0}", *extra,
+        f"backbone.checkpoint={base}",
+        f"run.out_dir={out}",
+        "run.tensorboard=false",
+        "run.steps=2",
+        "run.eval_every=0",
+        "run.eval_per_category=1",
+        "run.eval_samples_per_prompt=1",
+        "run.save_every=0",
+        "run.threads=1",
+        "rollout.num_mask_steps=4",
+        "rollout.record_mask_steps=2",
+        "rollout.record_diffusion_steps=2",
+        "grpo.group_size=2",
+        "grpo.prompts_per_step=2",
+        "optim.lr=1e-2",
+        "grpo.kl_beta=0",
+        "rewards={test_export_redness: 1.0}",
+        *extra,
     ]
 
 
@@ -162,8 +176,7 @@ def test_sample_and_eval_take_a_run_a_checkpoint_or_a_model_directory(ema_run, l
     exported = export(run, tmp_path / "model")
     for i, source in enumerate([run, run / "checkpoints" / "step-00000002", exported]):
         out = tmp_path / f"samples{i}"
-        argv = ["sample", "--checkpoint", str(source), "--prompts", str(prompts), "--out", str(out),
-                "--per-prompt", "1", "--device", "cpu"]
+        argv = ["sample", "--checkpoint", str(source), "--prompts", str(prompts), "--out", str(out), "--per-prompt", "1", "--device", "cpu"]
         assert cli.main(argv) == 0
         assert (out / "grid.png").is_file()
     assert cli.main(["eval", "--checkpoint", str(exported), "run.device=cpu"]) == 0
@@ -189,8 +202,7 @@ def test_checkpoint_errors_say_what_was_expected(ema_run, tmp_path, capsys):
     export(run, broken)
     (broken / "model.safetensors").unlink()
     assert cli.main([*argv, str(broken)]) == 2
-    assert "broken/model.safetensors not found (expected a directory with config.json and model.safetensors" \
-        in capsys.readouterr().err
+    assert "broken/model.safetensors not found (expected a directory with config.json and model.safetensors" in capsys.readouterr().err
     # a run checkpoint where a model directory is expected (backbone.checkpoint) names `margrpo export`
     with pytest.raises(FileNotFoundError, match="is a training run or run checkpoint .*margrpo export"):
         load_backbone(BackboneConfig(name="tiny", checkpoint=str(run / "checkpoints" / "step-00000002")))

@@ -7,6 +7,7 @@ own fp32 (fp64) arithmetic. Outputs are poisoned (NaN / True / max-int) before t
 element a kernel forgets to write fails. CPU kernels always run; the CUDA kernels run in the `gpu`
 test when a device is present.
 """
+
 from __future__ import annotations
 
 import re
@@ -291,18 +292,23 @@ def test_cpu_log_and_exp_are_accurate_over_their_whole_range(gen):
 
 _X, _Z3 = torch.zeros(4, 16), torch.zeros(2, 4, 16)
 ERROR_CASES = [  # (kernel, args, message): one test each, so a crash in an error path names its call
-    ("gaussian_logprob_fwd", (_X, torch.zeros(4, 15), torch.ones(4, 1), 1),
-     r"gaussian_logprob_fwd: mean must have the shape of x \[4, 16\]"),
+    (
+        "gaussian_logprob_fwd",
+        (_X, torch.zeros(4, 15), torch.ones(4, 1), 1),
+        r"gaussian_logprob_fwd: mean must have the shape of x \[4, 16\]",
+    ),
     ("gaussian_logprob_fwd", (_X, _X, torch.ones(4, 3), 1), r"std must be \[R, 1\] or \[R, C\]"),
     ("gaussian_logprob_fwd", (_X, _X, torch.ones(4, 1), 7), "reduce must be 0 .none., 1 .sum. or 2 .mean., got 7"),
     ("gaussian_logprob_fwd", (_X.long(), _X, torch.ones(4, 1), 1), "x must be a floating tensor"),
     ("trajectory_std_fwd", (torch.zeros(1, 4, 16),), "K >= 2 trajectories"),
     ("topk_mask_fwd", (_X, 17), r"k must be in \[0, N\] = \[0, 16\]"),
     ("consistency_mask_fwd", (_X, _X, torch.zeros(4, 8), 0.0), "final must have the shape of cur"),
-    ("grpo_surrogate_fwd", (_Z3, _Z3, torch.zeros(4), torch.zeros(4, 16), torch.zeros(4, 16), 0.2, 0.2),
-     "mte_mask must be a bool tensor"),
-    ("grpo_surrogate_fwd", (_Z3, _Z3, torch.zeros(3), torch.zeros(4, 16), torch.zeros(4, 16, dtype=torch.bool), 0.2, 0.2),
-     r"advantages must be \[B\] = \[4\]"),
+    ("grpo_surrogate_fwd", (_Z3, _Z3, torch.zeros(4), torch.zeros(4, 16), torch.zeros(4, 16), 0.2, 0.2), "mte_mask must be a bool tensor"),
+    (
+        "grpo_surrogate_fwd",
+        (_Z3, _Z3, torch.zeros(3), torch.zeros(4, 16), torch.zeros(4, 16, dtype=torch.bool), 0.2, 0.2),
+        r"advantages must be \[B\] = \[4\]",
+    ),
 ]
 
 
@@ -323,8 +329,11 @@ CUDA_ERROR_CASES = [
     ("topk_mask_fwd", (_on_cuda(_X, 17), ()), r"k must be in \[0, N\]"),
     ("topk_indices_fwd", (_on_cuda(_X, 17), ()), r"k must be in \[0, N\]"),
     ("consistency_mask_fwd", (_on_cuda(_X, _X, _X, 0.0), (0,)), "prev is on cpu but cur is on cuda"),
-    ("grpo_surrogate_fwd", (_on_cuda(_Z3, _Z3, torch.zeros(4), torch.zeros(4, 16), torch.zeros(4, 16, dtype=torch.bool),
-                                     0.2, 0.2), (3,)), "weights is on cpu but logp is on cuda"),
+    (
+        "grpo_surrogate_fwd",
+        (_on_cuda(_Z3, _Z3, torch.zeros(4), torch.zeros(4, 16), torch.zeros(4, 16, dtype=torch.bool), 0.2, 0.2), (3,)),
+        "weights is on cpu but logp is on cuda",
+    ),
 ]
 
 # Each error case runs in a child process: a C++ error path that crashes (in run 2 on the H200 the
@@ -361,8 +370,13 @@ def run_isolated(table: str) -> dict[int, dict]:
 
     n, results, start = len(globals()[table]), {}, 0
     while start < n:
-        done = subprocess.run([sys.executable, "-c", _RUNNER, __file__, table, str(start)], capture_output=True,
-                              text=True, timeout=600, cwd=str(__import__("pathlib").Path(__file__).parent))
+        done = subprocess.run(
+            [sys.executable, "-c", _RUNNER, __file__, table, str(start)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=str(__import__("pathlib").Path(__file__).parent),
+        )
         started = None
         for line in done.stdout.splitlines():
             try:

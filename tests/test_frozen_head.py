@@ -1,5 +1,6 @@
 """grpo.head: frozen is honoured by margrpo.grpo.update itself: a caller who left the head's
 parameters trainable gets the same AR step as one who froze them (no head gradients, none in the clip)."""
+
 from __future__ import annotations
 
 import pytest
@@ -21,15 +22,15 @@ def _model(head_trainable: bool) -> TinyMAR:
 
 def _step(head_trainable: bool, head: str = "frozen"):
     model = _model(head_trainable)
-    config = RolloutConfig(num_mask_steps=4, schedule="harmon", cfg_scale=2.0, num_seeds=0, record_mask_steps=2,
-                           record_diffusion_steps=2)
+    config = RolloutConfig(num_mask_steps=4, schedule="harmon", cfg_scale=2.0, num_seeds=0, record_mask_steps=2, record_diffusion_steps=2)
     rollout = generate(model, PROMPTS, config, [1, 2, 3, 4])
     advantages = torch.tensor([1.0, -1.0, 0.5, -0.5], dtype=torch.float64)
     body = [p for name, p in model.named_parameters() if not name.startswith("head.")]
     optimizer = torch.optim.SGD(body, lr=0.1)
     # a tight clip: every gradient norm is above it, so what the norm counts sets the step's size
-    result = update(model, None, rollout, advantages, config=GRPOConfig(group_size=2, kl_beta=0.0, head=head),
-                    optimizer=optimizer, grad_clip=1e-4)  # by keyword: the frozen head is read either way
+    result = update(
+        model, None, rollout, advantages, config=GRPOConfig(group_size=2, kl_beta=0.0, head=head), optimizer=optimizer, grad_clip=1e-4
+    )  # by keyword: the frozen head is read either way
     return model, result
 
 
@@ -52,8 +53,7 @@ def test_a_trained_head_still_gets_gradients():
 
 def test_a_nan_advantage_is_an_error_not_a_nan_loss():
     model = _model(head_trainable=False)
-    config = RolloutConfig(num_mask_steps=4, schedule="harmon", cfg_scale=1.0, num_seeds=0, record_mask_steps=1,
-                           record_diffusion_steps=1)
+    config = RolloutConfig(num_mask_steps=4, schedule="harmon", cfg_scale=1.0, num_seeds=0, record_mask_steps=1, record_diffusion_steps=1)
     rollout = generate(model, PROMPTS, config, [1, 2, 3, 4])
     optimizer = torch.optim.SGD(model.trainable_parameters(), lr=0.1)
     advantages = torch.tensor([1.0, float("nan"), 0.5, -0.5], dtype=torch.float64)

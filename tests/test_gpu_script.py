@@ -1,5 +1,6 @@
 """The GPU script must be ready even when no GPU is lent: its shell parses, its summary reads the
 benchmarks' JSON layout."""
+
 import json
 import os
 import re
@@ -43,10 +44,10 @@ def test_kernel_phase_reports_every_failure():
     """No -x: one run lists every failing kernel test (up to --maxfail), by name as each finishes;
     each file in its own processes, with the results plugin."""
     text = (ROOT / "benchmarks" / "gpu" / "run.sh").read_text()
-    body = text[text.index("kernel_file() {"):text.index("kernels() {")]
+    body = text[text.index("kernel_file() {") : text.index("kernels() {")]
     assert " -x " not in body and "--maxfail=30" in body and " -v " in body and "-rfE" in body
     assert "-p kernel_results" in body and '"$file"' in body
-    assert "tests/test_extension.py" in text[text.index("KERNEL_TESTS=("):text.index("kernel_file() {")]
+    assert "tests/test_extension.py" in text[text.index("KERNEL_TESTS=(") : text.index("kernel_file() {")]
 
 
 def test_summary_tables(tmp_path):
@@ -54,8 +55,9 @@ def test_summary_tables(tmp_path):
     rows = [{"op": "gaussian_logprob", "shape": [10, 4, 1024, 16], "impl": "triton", "ms": 0.0123, "speedup": 7.5}]
     (tmp_path / "ops.json").write_text(json.dumps({"machine": "H200", "rows": rows}))
     (tmp_path / "broken.json").write_text("{")
-    out = subprocess.run(["python", str(ROOT / "benchmarks" / "gpu" / "summarize.py"), str(tmp_path)],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["python", str(ROOT / "benchmarks" / "gpu" / "summarize.py"), str(tmp_path)], capture_output=True, text=True, check=True
+    ).stdout
     assert "bench_ops rc=0" in out
     assert "| gaussian_logprob | 10x4x1024x16 | triton | 0.0123 | 7.5 |" in out
     assert "broken.json: unreadable" in out
@@ -66,33 +68,43 @@ def test_kernel_phase_survives_a_crash_and_lists_every_failure(tmp_path):
     noted, skipped, and its file resumed; failures from before the crash (no summary) and after it are
     all listed, and the table per op x backend x dtype counts every test."""
     text = (ROOT / "benchmarks" / "gpu" / "run.sh").read_text()
-    functions = "".join(re.findall(r"(?ms)^(kernel_file\(\) \{.*?^\}\n|kernels\(\) \{.*?^\}\n|kernel_failures\(\) \{.*?^\}\n)",
-                                   text))
+    functions = "".join(re.findall(r"(?ms)^(kernel_file\(\) \{.*?^\}\n|kernels\(\) \{.*?^\}\n|kernel_failures\(\) \{.*?^\}\n)", text))
     assert functions.count("() {") == 3
     (tmp_path / "functions.sh").write_text(functions)
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     tests = tmp_path / "tests"
     tests.mkdir()
     (tests / "test_a.py").write_text("def test_ok():\n    pass\n\n\ndef test_fail():\n    assert 1 == 2\n")
-    (tests / "test_b.py").write_text("import ctypes\nimport pytest\n\n\n@pytest.mark.parametrize('n', [0, 1])\n"
-                                     "def test_crash(n):\n    ctypes.string_at(n)\n\n\n"
-                                     "def test_after():\n    assert False\n")
-    (tests / "test_c.py").write_text("import pytest\nimport torch\n\n\n@pytest.mark.parametrize('backend', ['cpp', 'torch'])\n"
-                                     "@pytest.mark.parametrize('dtype', [torch.float32])\n"
-                                     "def test_topk(backend, dtype):\n    pass\n")
+    (tests / "test_b.py").write_text(
+        "import ctypes\nimport pytest\n\n\n@pytest.mark.parametrize('n', [0, 1])\n"
+        "def test_crash(n):\n    ctypes.string_at(n)\n\n\n"
+        "def test_after():\n    assert False\n"
+    )
+    (tests / "test_c.py").write_text(
+        "import pytest\nimport torch\n\n\n@pytest.mark.parametrize('backend', ['cpp', 'torch'])\n"
+        "@pytest.mark.parametrize('dtype', [torch.float32])\n"
+        "def test_topk(backend, dtype):\n    pass\n"
+    )
     out = tmp_path / "out"
     out.mkdir()
-    env = {**os.environ, "OUT": str(out), "PY": f"{sys.executable} -P", "PYTHONUNBUFFERED": "1",
-           "GPU_DIR": str(ROOT / "benchmarks" / "gpu"), "KERNEL_JOBS": "2"}
-    script = ('. ./functions.sh; export -f kernel_file; export OUT PY GPU_DIR KERNEL_JOBS;'
-              ' kernels tests/test_a.py tests/test_b.py tests/test_c.py >>"$OUT/kernels.log" 2>&1;'
-              ' echo "rc=$?"; kernel_failures')
+    env = {
+        **os.environ,
+        "OUT": str(out),
+        "PY": f"{sys.executable} -P",
+        "PYTHONUNBUFFERED": "1",
+        "GPU_DIR": str(ROOT / "benchmarks" / "gpu"),
+        "KERNEL_JOBS": "2",
+    }
+    script = (
+        ". ./functions.sh; export -f kernel_file; export OUT PY GPU_DIR KERNEL_JOBS;"
+        ' kernels tests/test_a.py tests/test_b.py tests/test_c.py >>"$OUT/kernels.log" 2>&1;'
+        ' echo "rc=$?"; kernel_failures'
+    )
     done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert "rc=1" in done.stdout, done.stdout + done.stderr
     listed = (out / "kernels_failures.txt").read_text().splitlines()
     assert listed[0].startswith("CRASHED tests/test_b.py::test_crash[0] (exit ")  # [1] skipped with it
-    assert {line.split(" - ")[0] for line in listed[1:]} == {"FAILED tests/test_a.py::test_fail",
-                                                             "FAILED tests/test_b.py::test_after"}
+    assert {line.split(" - ")[0] for line in listed[1:]} == {"FAILED tests/test_a.py::test_fail", "FAILED tests/test_b.py::test_after"}
     assert "test_c.py::test_topk[dtype0-cpp] PASSED" in (out / "kernels" / "test_c.log").read_text()
     assert "tests/test_b.py rc=1" in (out / "kernels.log").read_text()
     table = (out / "kernels_table.md").read_text()
@@ -112,18 +124,30 @@ def test_kernel_results_classify_and_count(tmp_path):
         sys.path.pop(0)
     import torch
 
-    assert kr.classify("tests/test_ops_topk.py", "test_matches_reference", {"backend": "triton", "dtype": torch.float16}) \
-        == {"op": "topk", "backend": "triton", "dtype": "float16"}
-    assert kr.classify("tests/test_extension.py", "test_cuda_kernels_match_reference", {}) == \
-        {"op": "other", "backend": "cuda", "dtype": "-"}
+    assert kr.classify("tests/test_ops_topk.py", "test_matches_reference", {"backend": "triton", "dtype": torch.float16}) == {
+        "op": "topk",
+        "backend": "triton",
+        "dtype": "float16",
+    }
+    assert kr.classify("tests/test_extension.py", "test_cuda_kernels_match_reference", {}) == {
+        "op": "other",
+        "backend": "cuda",
+        "dtype": "-",
+    }
     assert kr.classify("tests/test_extension.py", "test_gaussian_logprob_cpu", {"dtype": torch.float64})["backend"] == "cpp"
-    assert kr.classify("tests/test_extension.py", "test_cuda_kernels_match_reference",
-                       {"op": "consistency_mask", "dtype": torch.bfloat16}) == \
-        {"op": "consistency_mask", "backend": "cuda", "dtype": "bfloat16"}
+    assert kr.classify(
+        "tests/test_extension.py", "test_cuda_kernels_match_reference", {"op": "consistency_mask", "dtype": torch.bfloat16}
+    ) == {"op": "consistency_mask", "backend": "cuda", "dtype": "bfloat16"}
     start = {"event": "start", "op": "topk", "backend": "cuda", "dtype": "float32"}
-    lines = [json.dumps({"nodeid": "t::a", **start}), json.dumps({"nodeid": "t::a", **start, "event": "call", "outcome": "failed"}),
-             json.dumps({"nodeid": "t::a", **start}), json.dumps({"nodeid": "t::a", **start, "event": "call", "outcome": "passed"}),
-             json.dumps({"nodeid": "t::b", **start}), json.dumps({"nodeid": "t::c", **start}), '{"nodeid": "t::c", "ev']
+    lines = [
+        json.dumps({"nodeid": "t::a", **start}),
+        json.dumps({"nodeid": "t::a", **start, "event": "call", "outcome": "failed"}),
+        json.dumps({"nodeid": "t::a", **start}),
+        json.dumps({"nodeid": "t::a", **start, "event": "call", "outcome": "passed"}),
+        json.dumps({"nodeid": "t::b", **start}),
+        json.dumps({"nodeid": "t::c", **start}),
+        '{"nodeid": "t::c", "ev',
+    ]
     tests = kr.outcomes(lines, crashed={"t::b"})
     assert {k: v["outcome"] for k, v in tests.items()} == {"t::a": "passed", "t::b": "crashed", "t::c": "unfinished"}
     assert "| topk | cuda | float32 | 1 | 0 | 0 | 1 | 1 | FAIL |" in kr.table(tests)

@@ -2,6 +2,7 @@
 official per-call forward, the draws fixed per rollout (on-policy ratio 1 in every update layout),
 gradients through z only with a frozen head, its KL, and the rollout it reads (no transitions, the
 whole chain of scored tokens private under common random numbers)."""
+
 from __future__ import annotations
 
 import copy
@@ -34,8 +35,15 @@ def tiny():
 
 
 def _rollout(model, sampler, cfg_scale=1.0, **overrides):
-    values = dict(num_mask_steps=5, schedule="harmon", cfg_scale=cfg_scale, num_seeds=0, record_mask_steps=3,
-                  record_diffusion_steps=1, likelihood_positions="revealed")
+    values = dict(
+        num_mask_steps=5,
+        schedule="harmon",
+        cfg_scale=cfg_scale,
+        num_seeds=0,
+        record_mask_steps=3,
+        record_diffusion_steps=1,
+        likelihood_positions="revealed",
+    )
     return generate(model, PROMPTS, RolloutConfig(**{**values, **overrides}), SEEDS, sampler=sampler, plan=PLAN)
 
 
@@ -122,8 +130,7 @@ def test_common_noise_keeps_the_scored_tokens_chains_private(tiny):
     """With shared seeds, two samples of a group are identical except the tokens committed at the
     recorded mask steps (and what follows from them)."""
     model, sampler = tiny
-    config = RolloutConfig(num_mask_steps=5, schedule="harmon", cfg_scale=1.0, num_seeds=0, record_mask_steps=1,
-                           record_diffusion_steps=1)
+    config = RolloutConfig(num_mask_steps=5, schedule="harmon", cfg_scale=1.0, num_seeds=0, record_mask_steps=1, record_diffusion_steps=1)
     plan = RecordPlan(mask_steps=(4,), diffusion_steps=((),))  # the last step: nothing follows it
     out = generate(model, ["a red circle"] * 2, config, [1, 2], sampler=sampler, plan=plan, shared_seeds=[9, 9])
     start = sum(out.reveal_counts[:4])
@@ -139,8 +146,9 @@ def _config(**overrides) -> GRPOConfig:
     return GRPOConfig(**{**values, **overrides})
 
 
-@pytest.mark.parametrize("layout", [dict(), dict(minibatches=2), dict(inner_epochs=2, minibatches=2),
-                                    dict(micro_batches=2, micro_batch_over="mask_steps")])
+@pytest.mark.parametrize(
+    "layout", [dict(), dict(minibatches=2), dict(inner_epochs=2, minibatches=2), dict(micro_batches=2, micro_batch_over="mask_steps")]
+)
 def test_ratio_is_one_while_the_policy_does_not_move(tiny, layout):
     """lr 0: every evaluation scores the same draws as the old scores, so every ratio is 1 and
     nothing clips, whichever minibatch layout needs the old scores precomputed."""
@@ -192,8 +200,7 @@ def test_kl_is_zero_against_itself_and_grows_with_the_gap(tiny):
     assert torch.equal(matching_kl(values.prediction, values.prediction, active), torch.zeros(4, 9, dtype=F64))
     shifted = values.prediction + 0.1
     C = values.prediction.shape[-1]
-    torch.testing.assert_close(matching_kl(values.prediction, shifted, active),
-                               torch.full((4, 9), 0.5 * 0.01 * C, dtype=F64))
+    torch.testing.assert_close(matching_kl(values.prediction, shifted, active), torch.full((4, 9), 0.5 * 0.01 * C, dtype=F64))
 
 
 def test_update_with_kl_runs_and_reports_it(tiny):
@@ -205,34 +212,51 @@ def test_update_with_kl_runs_and_reports_it(tiny):
                 p.add_(0.05 * torch.randn_like(p))
     rollout = _rollout(policy, sampler)
     optimizer = torch.optim.SGD([p for p in policy.parameters() if p.requires_grad], lr=0.0)
-    result = update(policy, reference, rollout, torch.tensor([1.0, -1.0, 0.5, -0.5], dtype=F64),
-                    _config(kl_beta=0.1), optimizer)
+    result = update(policy, reference, rollout, torch.tensor([1.0, -1.0, 0.5, -0.5], dtype=F64), _config(kl_beta=0.1), optimizer)
     assert result.metrics["kl"] > 0
-    same = update(reference, copy.deepcopy(reference), _rollout(reference, sampler),
-                  torch.tensor([1.0, -1.0, 0.5, -0.5], dtype=F64), _config(kl_beta=0.1),
-                  torch.optim.SGD([p for p in reference.parameters() if p.requires_grad], lr=0.0))
+    same = update(
+        reference,
+        copy.deepcopy(reference),
+        _rollout(reference, sampler),
+        torch.tensor([1.0, -1.0, 0.5, -0.5], dtype=F64),
+        _config(kl_beta=0.1),
+        torch.optim.SGD([p for p in reference.parameters() if p.requires_grad], lr=0.0),
+    )
     assert same.metrics["kl"] == pytest.approx(0.0, abs=1e-20)
 
 
 def test_post_step_known_mask_is_refused(tiny):
     model, sampler = tiny
     plan = RecordPlan(mask_steps=(0, 2), diffusion_steps=((1,), (1,)))
-    rollout = generate(model, PROMPTS, RolloutConfig(num_mask_steps=5, schedule="harmon", cfg_scale=1.0,
-                                                     record_mask_steps=2, record_diffusion_steps=1,
-                                                     known_mask="post_step",
-                                                     likelihood_positions="unknown"),
-                       SEEDS, sampler=sampler, plan=plan)
+    rollout = generate(
+        model,
+        PROMPTS,
+        RolloutConfig(
+            num_mask_steps=5,
+            schedule="harmon",
+            cfg_scale=1.0,
+            record_mask_steps=2,
+            record_diffusion_steps=1,
+            known_mask="post_step",
+            likelihood_positions="unknown",
+        ),
+        SEEDS,
+        sampler=sampler,
+        plan=plan,
+    )
     with pytest.raises(ValueError, match="known_mask: pre_step"):
         matching_values(model, rollout, draw_matching(rollout, 1))
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["grpo.estimator=matching", "rollout.known_mask=post_step", "rollout.likelihood_positions=unknown"],
-     "known_mask: pre_step"),
-    (["grpo.estimator=matching", "grpo.pixels_per_token=4"], "pixels_per_token: 1"),
-    (["grpo.estimator=matching", "grpo.kl_type=k3_logp"], "kl_type: gaussian"),
-    (["grpo.matching_draws=0"], "grpo.matching_draws"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["grpo.estimator=matching", "rollout.known_mask=post_step", "rollout.likelihood_positions=unknown"], "known_mask: pre_step"),
+        (["grpo.estimator=matching", "grpo.pixels_per_token=4"], "pixels_per_token: 1"),
+        (["grpo.estimator=matching", "grpo.kl_type=k3_logp"], "kl_type: gaussian"),
+        (["grpo.matching_draws=0"], "grpo.matching_draws"),
+    ],
+)
 def test_config_refuses_what_matching_cannot_do(overrides, message):
     from margrpo.train.config import ConfigError, load_config
 
@@ -242,8 +266,7 @@ def test_config_refuses_what_matching_cannot_do(overrides, message):
 
 # ---------------------------------------------------------------- rollout.seed_chains: commit (parity MTE)
 def _seeded(model, sampler, **overrides):
-    values = dict(num_mask_steps=5, schedule="harmon", cfg_scale=2.0, num_seeds=2, record_mask_steps=3,
-                  record_diffusion_steps=2)
+    values = dict(num_mask_steps=5, schedule="harmon", cfg_scale=2.0, num_seeds=2, record_mask_steps=3, record_diffusion_steps=2)
     plan = RecordPlan(mask_steps=(0, 2, 3), diffusion_steps=((0, 3), (1, 4), (0, 2)))
     return generate(model, PROMPTS, RolloutConfig(**{**values, **overrides}), SEEDS, sampler=sampler, plan=plan)
 
@@ -290,8 +313,15 @@ def test_commit_chains_of_later_tokens_come_from_their_commit_step(tiny):
 
 def test_commit_chains_refuse_the_post_step_mask():
     with pytest.raises(ValueError, match="seed_chains"):
-        RolloutConfig(num_mask_steps=5, schedule="harmon", num_seeds=2, record_mask_steps=2,
-                      likelihood_positions="unknown", known_mask="post_step", seed_chains="commit")
+        RolloutConfig(
+            num_mask_steps=5,
+            schedule="harmon",
+            num_seeds=2,
+            record_mask_steps=2,
+            likelihood_positions="unknown",
+            known_mask="post_step",
+            seed_chains="commit",
+        )
 
 
 # ---------------------------------------------------------------- matching + MTE: more draws on uncertain tokens
@@ -331,8 +361,14 @@ def test_mte_gives_uncertain_tokens_more_draws_in_the_update(tiny):
     policy = copy.deepcopy(model)
     rollout = _seeded(policy, sampler, cfg_scale=1.0)  # 2 seed chains: the uncertainty
     optimizer = torch.optim.SGD([p for p in policy.parameters() if p.requires_grad], lr=0.0)
-    result = update(policy, None, rollout, torch.tensor([1.0, -1.0, 0.5, -0.5], dtype=F64),
-                    _config(mte=True, mte_ratio=0.3, matching_draws=4), optimizer)
+    result = update(
+        policy,
+        None,
+        rollout,
+        torch.tensor([1.0, -1.0, 0.5, -0.5], dtype=F64),
+        _config(mte=True, mte_ratio=0.3, matching_draws=4),
+        optimizer,
+    )
     assert 0.0 < result.metrics["mte_fraction"] < 1.0
     assert abs(result.metrics["ratio_max"] - 1.0) < 1e-12
 
@@ -344,10 +380,16 @@ def test_diagnose_checks_the_matching_ratio(tmp_path_factory, tmp_path):
 
     from margrpo.train.diagnostics import first_update_log_ratio, recorded_logp_error
 
-    trainer = make_small_trainer(tmp_path, make_tiny_checkpoint(tmp_path_factory, 1), "grpo.estimator=matching",
-                                 "rollout.num_mask_steps=4", "rollout.record_mask_steps=2", "rollout.record_diffusion_steps=2",
-                                 "grpo.prompts_per_step=2",
-                                 "grpo.group_size=2")
+    trainer = make_small_trainer(
+        tmp_path,
+        make_tiny_checkpoint(tmp_path_factory, 1),
+        "grpo.estimator=matching",
+        "rollout.num_mask_steps=4",
+        "rollout.record_mask_steps=2",
+        "rollout.record_diffusion_steps=2",
+        "grpo.prompts_per_step=2",
+        "grpo.group_size=2",
+    )
     _, rollout = trainer.rollout(0)
     assert rollout.num_transitions == 0 and recorded_logp_error(rollout) == 0.0
     assert first_update_log_ratio(trainer, rollout) < 1e-5

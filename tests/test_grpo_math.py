@@ -1,4 +1,5 @@
 """Advantages and KL penalties against direct formulas on fresh random inputs."""
+
 import pytest
 import torch
 
@@ -11,9 +12,9 @@ def test_group_advantages_match_formula():
     rewards = torch.rand(12, generator=g, dtype=torch.float64)
     out = adv.group_advantages(rewards, group_size=4, mode="group", eps=1e-4)
     for grp in range(3):
-        r = rewards[grp * 4:(grp + 1) * 4]
+        r = rewards[grp * 4 : (grp + 1) * 4]
         expected = (r - r.mean()) / (r.std(unbiased=False) + 1e-4)
-        torch.testing.assert_close(out[grp * 4:(grp + 1) * 4], expected)
+        torch.testing.assert_close(out[grp * 4 : (grp + 1) * 4], expected)
     no_std = adv.group_advantages(rewards, 4, mode="no_std")
     torch.testing.assert_close(no_std.view(3, 4).sum(1), torch.zeros(3, dtype=torch.float64), atol=1e-12, rtol=0)
     batch = adv.group_advantages(rewards, 4, mode="batch_std", eps=0.0)
@@ -72,8 +73,9 @@ def test_kl_dispatch_and_unknown_kind():
     mean, ref = torch.zeros(3, 4), torch.ones(3, 4)
     # per channel e - 2; summed over the 4 channels by default, averaged with channel_reduction="mean"
     torch.testing.assert_close(kl.kl_penalty("parity_mean_k3", mean=mean, ref_mean=ref), torch.full((3,), 4 * (torch.e - 2)))
-    torch.testing.assert_close(kl.kl_penalty("parity_mean_k3", mean=mean, ref_mean=ref, channel_reduction="mean"),
-                               torch.full((3,), torch.e - 2))
+    torch.testing.assert_close(
+        kl.kl_penalty("parity_mean_k3", mean=mean, ref_mean=ref, channel_reduction="mean"), torch.full((3,), torch.e - 2)
+    )
     with pytest.raises(ValueError, match="kl_type"):
         kl.kl_penalty("forward", mean=mean, ref_mean=ref)
 

@@ -2,6 +2,7 @@
 here in float64: the token and KL weights (token_mean, sample_mean, per-update groups), the KL term's
 value and gradient for every kind, the images an update leaves out (`samples`, drop_zero_variance),
 gradient clipping, and which updates rescore their old log-probs (ratio 1 on-policy)."""
+
 from __future__ import annotations
 
 import copy
@@ -25,8 +26,15 @@ def tiny():
     model = tiny_float64_mar(7)
     for p in model.trainable_parameters():
         p.requires_grad_(True)
-    config = RolloutConfig(num_mask_steps=5, schedule="harmon", cfg_scale=2.5, num_seeds=2, record_mask_steps=3,
-                           record_diffusion_steps=2, likelihood_positions="unknown")
+    config = RolloutConfig(
+        num_mask_steps=5,
+        schedule="harmon",
+        cfg_scale=2.5,
+        num_seeds=2,
+        record_mask_steps=3,
+        record_diffusion_steps=2,
+        likelihood_positions="unknown",
+    )
     rollout = generate(model, PROMPTS, config, [31, 32, 33, 34], sampler=model.make_sampler(), plan=PLAN)
     return model, rollout
 
@@ -83,7 +91,7 @@ def test_per_update_normalisation_makes_each_update_sum_to_one(tiny):
     weights, kl_weights = update_weights(rollout, keep, config, batches)
     assert len(batches) == 3
     for minibatch in batches:
-        (images, steps), = minibatch
+        ((images, steps),) = minibatch
         cols = rollout.columns(steps)
         part = kl_weights[images][:, cols]
         torch.testing.assert_close(part, torch.full_like(part, 1.0 / part.numel()), rtol=1e-12, atol=0)
@@ -109,9 +117,23 @@ def test_kl_term_value_and_gradient(gen, kind, reduction):
     means (the others); the policy term weighs nothing here (zero token weights)."""
     logp, mean, ref_mean, ref_logp, std, kl_weights = _kl_inputs(gen)
     C, beta = mean.shape[-1], 0.7
-    out = chunk_loss(logp, logp.detach(), torch.zeros(3, dtype=F64), torch.zeros(3, 5, dtype=F64), mte_mask=None,
-                     clip_eps=0.2, clip_eps_high=None, kl_beta=beta, kl_type=kind, kl_weights=kl_weights, mean=mean,
-                     ref_mean=ref_mean, std=std, ref_logp=ref_logp, channel_reduction=reduction)
+    out = chunk_loss(
+        logp,
+        logp.detach(),
+        torch.zeros(3, dtype=F64),
+        torch.zeros(3, 5, dtype=F64),
+        mte_mask=None,
+        clip_eps=0.2,
+        clip_eps_high=None,
+        kl_beta=beta,
+        kl_type=kind,
+        kl_weights=kl_weights,
+        mean=mean,
+        ref_mean=ref_mean,
+        std=std,
+        ref_logp=ref_logp,
+        channel_reduction=reduction,
+    )
     scale = 1.0 if reduction == "sum" else 1.0 / C
     if kind == "gaussian":
         per_channel = (mean[0] - ref_mean[0]) ** 2 / (2 * std[0] ** 2)
@@ -141,11 +163,23 @@ def test_kl_term_is_a_mean_whatever_the_batch_shape(gen):
     def kl(reps):
         def rep(x):
             return x.repeat(1, reps, *([1] * (x.dim() - 2)))
-        out = chunk_loss(rep(logp), rep(logp).detach(), torch.zeros(B * reps, dtype=F64),
-                         torch.zeros(B * reps, L, dtype=F64), mte_mask=None, clip_eps=0.2, clip_eps_high=None,
-                         kl_beta=1.0, kl_weights=torch.full((B * reps, L), 1.0 / (B * reps * L), dtype=F64),
-                         mean=rep(mean), ref_mean=rep(ref_mean), std=rep(std))
+
+        out = chunk_loss(
+            rep(logp),
+            rep(logp).detach(),
+            torch.zeros(B * reps, dtype=F64),
+            torch.zeros(B * reps, L, dtype=F64),
+            mte_mask=None,
+            clip_eps=0.2,
+            clip_eps_high=None,
+            kl_beta=1.0,
+            kl_weights=torch.full((B * reps, L), 1.0 / (B * reps * L), dtype=F64),
+            mean=rep(mean),
+            ref_mean=rep(ref_mean),
+            std=rep(std),
+        )
         return out.kl
+
     expected = ((mean[0] - ref_mean[0]) ** 2 / (2 * std[0] ** 2)).sum(-1).mean()
     torch.testing.assert_close(kl(1).double(), expected, rtol=1e-5, atol=0)
     torch.testing.assert_close(kl(2).double(), expected, rtol=1e-5, atol=0)
@@ -200,11 +234,14 @@ def test_which_updates_rescore_their_old_logprobs(tiny):
     assert not rescores_old(model, rollout, GRPOConfig(objective="reinforce"), bf16=True)  # no ratio
 
 
-@pytest.mark.parametrize("switches", [
-    dict(likelihood_cfg="none"),
-    dict(likelihood_cfg="none", pixels_per_token=2, micro_batches=2, micro_batch_over="mask_steps"),
-    dict(likelihood_cfg="none", likelihood_std="recorded_main", minibatch_over="mask_steps", minibatches=3),
-])
+@pytest.mark.parametrize(
+    "switches",
+    [
+        dict(likelihood_cfg="none"),
+        dict(likelihood_cfg="none", pixels_per_token=2, micro_batches=2, micro_batch_over="mask_steps"),
+        dict(likelihood_cfg="none", likelihood_std="recorded_main", minibatch_over="mask_steps", minibatches=3),
+    ],
+)
 def test_rescored_old_logprobs_make_the_first_update_on_policy(tiny, switches):
     """The unguided likelihood scores another policy than the guided rollout: its first update must
     still see ratio 1 (per-pixel log-probs and the recorded std included, which rebuild the old

@@ -2,6 +2,7 @@
 point (issue 30): the prompt tracker after a checkpoint round trip, the KL of tokens split into
 pixels, the number of optimizer steps per pass, and which recorded steps consistency selection
 applies to on schedules with steps that reveal nothing."""
+
 from __future__ import annotations
 
 import io
@@ -66,10 +67,17 @@ def test_a_restored_tracker_equals_a_fresh_one_fed_the_same_rewards(buffer_size,
 
 
 # ---------------------------------------------------------------- the KL of tokens split into pixels
-@pytest.mark.parametrize("P,channel_reduction,shape", [
-    (1, "sum", (1, 2, 3)), (2, "sum", (2, 3, 4)), (4, "sum", (1, 4, 5)),
-    (2, "mean", (3, 2, 3)), (4, "mean", (1, 3, 2)), (8, "mean", (2, 1, 6)),
-])
+@pytest.mark.parametrize(
+    "P,channel_reduction,shape",
+    [
+        (1, "sum", (1, 2, 3)),
+        (2, "sum", (2, 3, 4)),
+        (4, "sum", (1, 4, 5)),
+        (2, "mean", (3, 2, 3)),
+        (4, "mean", (1, 3, 2)),
+        (8, "mean", (2, 1, 6)),
+    ],
+)
 def test_k3_kl_scores_each_token_by_the_sum_of_its_pixels_logprobs(P, channel_reduction, shape):
     """k3_logp under grpo.pixels_per_token P: a token's log-prob is the sum of its P pixels' (each
     pixel holding C / P of its channels), so the KL term and its gradient equal those at P = 1 and
@@ -91,9 +99,23 @@ def test_k3_kl_scores_each_token_by_the_sum_of_its_pixels_logprobs(P, channel_re
         m = mean.clone().requires_grad_(True)
         logp = position_logp(x_prev, m, std, pixels)
         weights = torch.full((B, L * pixels), 1.0 / (B * L * pixels), dtype=F64)
-        out = chunk_loss(logp, logp.detach(), torch.zeros(B, dtype=F64), weights, mte_mask=None, clip_eps=0.2,
-                         clip_eps_high=None, kl_beta=1.0, kl_type="k3_logp", kl_weights=kl_weights, mean=m,
-                         std=std, ref_logp=ref_logp, channel_reduction=channel_reduction, pixels_per_token=pixels)
+        out = chunk_loss(
+            logp,
+            logp.detach(),
+            torch.zeros(B, dtype=F64),
+            weights,
+            mte_mask=None,
+            clip_eps=0.2,
+            clip_eps_high=None,
+            kl_beta=1.0,
+            kl_type="k3_logp",
+            kl_weights=kl_weights,
+            mean=m,
+            std=std,
+            ref_logp=ref_logp,
+            channel_reduction=channel_reduction,
+            pixels_per_token=pixels,
+        )
         (grad,) = torch.autograd.grad(out.loss, m)  # zero advantages: the loss is the KL term
         return out.kl, grad
 
@@ -157,8 +179,9 @@ def nova_rollout():
     """A recorded rollout on NOVA's schedule for 16 tokens in 8 steps, which reveal (0, 1, 2, 2, 2, 3,
     3, 3) tokens: step 0 is empty, so effective index = step - 1."""
     model = tiny_float64_mar(5)
-    config = RolloutConfig(num_mask_steps=8, schedule="nova", num_seeds=0, record_mask_steps=4,
-                           record_diffusion_steps=2, likelihood_positions="unknown")
+    config = RolloutConfig(
+        num_mask_steps=8, schedule="nova", num_seeds=0, record_mask_steps=4, record_diffusion_steps=2, likelihood_positions="unknown"
+    )
     plan = RecordPlan(mask_steps=(1, 2, 3, 6), diffusion_steps=((0, 3), (1, 4), (0, 2), (2, 4)))
     prompts = ["a red circle", "a blue square", "a green triangle"]
     return generate(model, prompts, config, [31, 32, 33], sampler=model.make_sampler(), plan=plan)

@@ -1,6 +1,7 @@
 """margrpo.grpo.selection (uncertainty, MTE top-k, consistency-aware selection, pixel split) and the
 update's token_selection, against computations written here from the definitions in docs/METHOD.md
 section 4: float64, plain Python loops or plain torch, on fresh random inputs."""
+
 from __future__ import annotations
 
 import math
@@ -26,7 +27,7 @@ F64 = torch.float64
 def _pixel(values: torch.Tensor, n: int, p: int, P: int) -> torch.Tensor:
     """Channels of latent pixel p of token n (pixel-major: pixel p holds channels p*C/P .. (p+1)*C/P)."""
     width = values.shape[-1] // P
-    return values[..., n, p * width:(p + 1) * width]
+    return values[..., n, p * width : (p + 1) * width]
 
 
 def _plain_uncertainty(seed_final: torch.Tensor, P: int) -> torch.Tensor:
@@ -55,8 +56,7 @@ def _plain_consistency(prev, cur, final, committed, threshold: float, P: int) ->
     for b in range(B):
         for n in range(N):
             for p in range(P):
-                gain = _cos(_pixel(cur[b], n, p, P), _pixel(final[b], n, p, P)) - _cos(
-                    _pixel(prev[b], n, p, P), _pixel(final[b], n, p, P))
+                gain = _cos(_pixel(cur[b], n, p, P), _pixel(final[b], n, p, P)) - _cos(_pixel(prev[b], n, p, P), _pixel(final[b], n, p, P))
                 out[b, n, p] = gain > threshold or bool(committed[b, n])
     return out
 
@@ -146,8 +146,15 @@ def test_consistency_keep_is_the_cosine_gain_or_committed(gen, P, threshold):
 @pytest.fixture(scope="module")
 def rollout():
     model = tiny_float64_mar(5)
-    config = RolloutConfig(num_mask_steps=5, schedule="harmon", cfg_scale=2.5, num_seeds=3, record_mask_steps=3,
-                           record_diffusion_steps=2, likelihood_positions="unknown")
+    config = RolloutConfig(
+        num_mask_steps=5,
+        schedule="harmon",
+        cfg_scale=2.5,
+        num_seeds=3,
+        record_mask_steps=3,
+        record_diffusion_steps=2,
+        likelihood_positions="unknown",
+    )
     # 16 tokens, 5 Harmon mask steps reveal (1, 3, 3, 5, 4) tokens
     plan = RecordPlan(mask_steps=(0, 2, 3), diffusion_steps=((0, 3), (1, 4), (0, 2)))
     prompts = ["a red circle", "a blue square", "a red circle", "a green triangle"]
@@ -165,9 +172,10 @@ def _plain_token_selection(rollout, config: GRPOConfig):
             start = sum(rollout.reveal_counts[:step])
             committed = torch.zeros(B, N, dtype=torch.bool)
             for b in range(B):
-                committed[b, rollout.order[b, start:start + rollout.reveal_counts[step]]] = True
-            per_step[:, j] = _plain_consistency(rollout.pred_clean_prev[:, j], rollout.pred_clean[:, j],
-                                                rollout.tokens, committed, config.consistency_threshold, P)
+                committed[b, rollout.order[b, start : start + rollout.reveal_counts[step]]] = True
+            per_step[:, j] = _plain_consistency(
+                rollout.pred_clean_prev[:, j], rollout.pred_clean[:, j], rollout.tokens, committed, config.consistency_threshold, P
+            )
     scores = _plain_uncertainty(rollout.seed_tokens, P).view(B, N, P)
     k = math.floor(config.mte_ratio * N * P)
     top = torch.zeros(B, N * P, dtype=torch.bool)

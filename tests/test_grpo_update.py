@@ -1,6 +1,7 @@
 """margrpo.grpo.update and the rollout layout it reads: the update's gradient equals a plain-torch
 recomputation of the full-batch GRPO loss (float64 TinyMAR), chunked losses equal the formula the
 loss had before token weights were normalised only once, and the Rollout's chunk bookkeeping."""
+
 from __future__ import annotations
 
 import copy
@@ -28,8 +29,15 @@ def tiny():
 
 
 def _rollout(model, sampler, **overrides):
-    values = dict(num_mask_steps=5, schedule="harmon", cfg_scale=2.5, num_seeds=2, record_mask_steps=3,
-                  record_diffusion_steps=2, likelihood_positions="unknown")
+    values = dict(
+        num_mask_steps=5,
+        schedule="harmon",
+        cfg_scale=2.5,
+        num_seeds=2,
+        record_mask_steps=3,
+        record_diffusion_steps=2,
+        likelihood_positions="unknown",
+    )
     config = RolloutConfig(**{**values, **overrides})
     return generate(model, PROMPTS, config, [11, 12, 13, 14], sampler=sampler, plan=PLAN)
 
@@ -61,11 +69,10 @@ def _plain_selection(rollout, config: GRPOConfig):
         for j, step in enumerate(rollout.plan.mask_steps):
             if effective.index(step) < config.consistency_start_step:
                 continue
-            gain = cos(rollout.pred_clean[:, j], rollout.tokens, dim=-1) - cos(rollout.pred_clean_prev[:, j],
-                                                                                 rollout.tokens, dim=-1)
+            gain = cos(rollout.pred_clean[:, j], rollout.tokens, dim=-1) - cos(rollout.pred_clean_prev[:, j], rollout.tokens, dim=-1)
             start = sum(rollout.reveal_counts[:step])
             committed = torch.zeros(B, N, dtype=torch.bool)
-            committed.scatter_(1, rollout.order[:, start:start + rollout.reveal_counts[step]], True)
+            committed.scatter_(1, rollout.order[:, start : start + rollout.reveal_counts[step]], True)
             per_step[:, j] = (gain > config.consistency_threshold) | committed
         steps = rollout.l_step()  # [L]
         keep = per_step[torch.arange(B)[:, None], steps[None], positions]
@@ -103,12 +110,15 @@ def _plain_loss(policy, reference, rollout, advantages, config: GRPOConfig):
     return policy_term + config.kl_beta * kl, kl
 
 
-@pytest.mark.parametrize("switches", [
-    dict(),
-    dict(mte=True, consistency=True, consistency_start_step=0, aggregation="sample_mean", micro_batches=3),
-    dict(mte=True, minibatch_over="mask_steps", minibatches=2, micro_batches=2, micro_batch_over="images"),
-    dict(objective="reinforce", micro_batch_over="mask_steps", micro_batches=3),
-])
+@pytest.mark.parametrize(
+    "switches",
+    [
+        dict(),
+        dict(mte=True, consistency=True, consistency_start_step=0, aggregation="sample_mean", micro_batches=3),
+        dict(mte=True, minibatch_over="mask_steps", minibatches=2, micro_batches=2, micro_batch_over="images"),
+        dict(objective="reinforce", micro_batch_over="mask_steps", micro_batches=3),
+    ],
+)
 def test_update_gradient_is_the_full_batch_loss_gradient(tiny, switches):
     model, sampler = tiny
     rollout = _rollout(model, sampler)
@@ -148,8 +158,7 @@ def test_update_rejects_bad_arguments_and_skips_non_finite_losses(tiny):
         update(policy, None, rollout, nan, GRPOConfig(kl_beta=0.0), optimizer)
     before = [p.clone() for p in policy.trainable_parameters()]
     broken = rollout.with_update_values(old_logp=torch.full_like(rollout.logp, float("nan")))  # a NaN ratio
-    result = update(policy, None, broken, torch.tensor([1.0, -1.0, 0.5, 0.0], dtype=F64), GRPOConfig(kl_beta=0.0),
-                    optimizer)
+    result = update(policy, None, broken, torch.tensor([1.0, -1.0, 0.5, 0.0], dtype=F64), GRPOConfig(kl_beta=0.0), optimizer)
     assert result.skipped == "loss" and result.metrics == {}
     assert all(torch.equal(a, b) for a, b in zip(before, policy.trainable_parameters()))
 
@@ -164,8 +173,9 @@ def _old_chunk_loss(logp, old, advantages, weights, mte, clip_eps):
     term = torch.maximum(-A * ratio, -A * ratio.clamp(1 - clip_eps, 1 + clip_eps))
     per_token = torch.where(mte, term.mean(0), term[0])
     clipped = (-A * ratio.clamp(1 - clip_eps, 1 + clip_eps)) > -A * ratio
-    traj = torch.where(mte[None], torch.full_like(ratio, 1 / ratio.shape[0]), (torch.arange(ratio.shape[0]) == 0)
-                       .to(ratio)[:, None, None].expand_as(ratio))
+    traj = torch.where(
+        mte[None], torch.full_like(ratio, 1 / ratio.shape[0]), (torch.arange(ratio.shape[0]) == 0).to(ratio)[:, None, None].expand_as(ratio)
+    )
     clip_fraction = (w[None] * traj * clipped).sum() * share
     return (w * per_token).sum() * share, clip_fraction
 
@@ -182,17 +192,18 @@ def test_chunk_losses_equal_the_previous_per_chunk_renormalised_formula():
     chunks = [(slice(0, 2), slice(0, 4)), (slice(0, 2), slice(4, L)), (slice(2, B), slice(None))]
     new_total, old_total, old_clip, new_clip = 0.0, 0.0, 0.0, 0.0
     for rows, cols in chunks:
+
         def cut(x):
             return x[..., rows, cols]
-        out = chunk_loss(cut(logp), cut(old), advantages[rows], cut(weights), mte_mask=cut(mte), clip_eps=0.2,
-                         clip_eps_high=None)
+
+        out = chunk_loss(cut(logp), cut(old), advantages[rows], cut(weights), mte_mask=cut(mte), clip_eps=0.2, clip_eps_high=None)
         loss, clip = _old_chunk_loss(cut(logp), cut(old), advantages[rows], cut(weights), cut(mte), 0.2)
         new_total, old_total = new_total + out.loss, old_total + loss
         new_clip, old_clip = new_clip + out.clip_fraction, old_clip + clip
     torch.testing.assert_close(new_total, old_total, rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(new_clip, old_clip, rtol=1e-12, atol=1e-14)
-    new_grad, = torch.autograd.grad(new_total, logp)
-    old_grad, = torch.autograd.grad(old_total, logp)
+    (new_grad,) = torch.autograd.grad(new_total, logp)
+    (old_grad,) = torch.autograd.grad(old_total, logp)
     torch.testing.assert_close(new_grad, old_grad, rtol=1e-12, atol=1e-14)
     assert new_grad.abs().sum() > 0
 
@@ -231,7 +242,8 @@ def test_rollout_chunks_committed_masks_and_update_values(tiny):
         assert int(committed.sum()) == B * rollout.reveal_counts[step]
         for b in range(B):
             assert set(committed[b].nonzero().flatten().tolist()) == set(
-                rollout.order[b, start:start + rollout.reveal_counts[step]].tolist())
+                rollout.order[b, start : start + rollout.reveal_counts[step]].tolist()
+            )
     assert [rollout.effective_index(j) for j in range(3)] == [0, 2, 3]
 
     columns = rollout.columns([2, 0])

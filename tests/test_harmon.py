@@ -5,6 +5,7 @@ over [prompt ; image] without a cache, masked tokens dropped by boolean indexing
 timm, loading against files written in the released layouts, and the whole backbone through the
 shared rollout and trainer.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -83,9 +84,10 @@ def official_forward_z(model, prompts, canvas, known):
     z_enc = torch.cat([z_enc[:, buffer:], z_enc[:, :buffer]], dim=1)
     full_mask = torch.cat([prompts.mask, prompts.mask.new_ones(batch, z_enc.shape[1])], 1)
     positions = (full_mask.long().cumsum(1) - 1).clamp(min=0)
-    out = model.llm.model(inputs_embeds=torch.cat([prompts.embeds, z_enc], 1), attention_mask=full_mask,
-                          position_ids=positions, use_cache=False)
-    z_llm = out.last_hidden_state[:, -z_enc.shape[1]:]
+    out = model.llm.model(
+        inputs_embeds=torch.cat([prompts.embeds, z_enc], 1), attention_mask=full_mask, position_ids=positions, use_cache=False
+    )
+    z_llm = out.last_hidden_state[:, -z_enc.shape[1] :]
     z_llm = torch.cat([z_llm[:, -buffer:], z_llm[:, :-buffer]], dim=1)
     x = mar.decoder_embed(x_enc + model.proj_out(z_llm))
     x_after_pad = mar.mask_token.repeat(batch, buffer + length, 1).to(x.dtype)
@@ -110,11 +112,19 @@ def test_real_size_parts_and_official_names():
     assert (head.num_res_blocks, head.model_channels, head.out_channels, head.z_channels) == (12, 1536, 32, 1280)
     assert 150e6 < sum(p.numel() for p in head.parameters()) < 152e6  # MAR-H head: about 151 M
     names = set(mar.state_dict()) | {f"vae.{k}" for k in vae.state_dict()}
-    for key in ("encoder_blocks.19.attn.qkv.weight", "decoder_blocks.0.mlp.fc2.bias", "diffloss.net.res_blocks.11.mlp.2.weight",
-                "diffloss.net.final_layer.adaLN_modulation.1.weight", "fake_latent", "class_emb.weight",
-                "vae.encoder.down.4.attn.1.q.weight", "vae.encoder.down.2.block.0.nin_shortcut.weight",
-                "vae.decoder.up.1.block.0.nin_shortcut.weight", "vae.decoder.up.3.upsample.conv.weight",
-                "vae.encoder.mid.attn_1.proj_out.bias"):
+    for key in (
+        "encoder_blocks.19.attn.qkv.weight",
+        "decoder_blocks.0.mlp.fc2.bias",
+        "diffloss.net.res_blocks.11.mlp.2.weight",
+        "diffloss.net.final_layer.adaLN_modulation.1.weight",
+        "fake_latent",
+        "class_emb.weight",
+        "vae.encoder.down.4.attn.1.q.weight",
+        "vae.encoder.down.2.block.0.nin_shortcut.weight",
+        "vae.decoder.up.1.block.0.nin_shortcut.weight",
+        "vae.decoder.up.3.upsample.conv.weight",
+        "vae.encoder.mid.attn_1.proj_out.bias",
+    ):
         assert key in names, key
     assert "vae.encoder.down.4.downsample.conv.weight" not in names and "vae.decoder.up.0.upsample.conv.weight" not in names
 
@@ -314,8 +324,16 @@ def test_decode_scales_and_unpatchifies_tokens(tiny):
 # ---------------------------------------------------------------------- rollout through margrpo.rollout
 @pytest.mark.parametrize("positions", ["revealed", "unknown"])
 def test_generate_records_what_recomputation_gives(tiny, positions):
-    config = RolloutConfig(num_mask_steps=5, schedule="harmon", cfg_scale=3.0, cfg_channels="eps", num_seeds=2,
-                           record_mask_steps=2, record_diffusion_steps=2, likelihood_positions=positions)
+    config = RolloutConfig(
+        num_mask_steps=5,
+        schedule="harmon",
+        cfg_scale=3.0,
+        cfg_channels="eps",
+        num_seeds=2,
+        record_mask_steps=2,
+        record_diffusion_steps=2,
+        likelihood_positions=positions,
+    )
     sampler = tiny.make_sampler()
     rollout = generate(tiny, PROMPTS, config, [3, 4, 5, 6], sampler=sampler)
     assert rollout.reveal_counts == tuple(harmon_schedule(36, 5))
@@ -361,20 +379,26 @@ def _copy_layout(src: Path, dst: Path, skip: tuple[str, ...] = ()) -> Path:
     return dst
 
 
-@pytest.mark.parametrize("missing, message", [
-    ("model.safetensors", "no weights.*wusize/Harmon-1_5B"),
-    ("tokenizer.json", "no tokenizer.*wusize/Harmon-1_5B"),
-])
+@pytest.mark.parametrize(
+    "missing, message",
+    [
+        ("model.safetensors", "no weights.*wusize/Harmon-1_5B"),
+        ("tokenizer.json", "no tokenizer.*wusize/Harmon-1_5B"),
+    ],
+)
 def test_missing_parts_of_the_hugging_face_layout(tiny_dir, tmp_path, missing, message):
     path = _copy_layout(tiny_dir[0], tmp_path / "ckpt", skip=(missing,))
     with pytest.raises(harmon.MissingCheckpointError, match=message):
         harmon.load(path)
 
 
-@pytest.mark.parametrize("missing, message", [
-    ("kl16.ckpt", "kl16.ckpt.*wusize/harmon kl16.ckpt"),
-    ("Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-1.5B-Instruct"),
-])
+@pytest.mark.parametrize(
+    "missing, message",
+    [
+        ("kl16.ckpt", "kl16.ckpt.*wusize/harmon kl16.ckpt"),
+        ("Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-1.5B-Instruct"),
+    ],
+)
 def test_missing_parts_of_the_github_layout(tiny_dir, tmp_path, missing, message):
     full = harmon.save_pretrained(tiny_dir[1], tmp_path / "full", layout="github")
     path = _copy_layout(full, tmp_path / "ckpt", skip=(missing,))
@@ -416,10 +440,18 @@ def test_weights_that_do_not_fit_are_listed(tiny_dir, tmp_path):
 # ---------------------------------------------------------------------- training and configs
 # the parity preset's settings, except kl_type parity_mean_k3: exp of raw mean differences overflows
 # on a random-init head, whose 4-step chains reach means of 1e4 (a trained head's stay O(1))
-PARITY = ["backbone.options={reference_behaviour: true}", "grpo.objective=reinforce", "grpo.likelihood_cfg=none",
-          "grpo.minibatch_over=mask_steps", "grpo.minibatches=2", "rollout.likelihood_positions=unknown",
-          "grpo.consistency=true", "grpo.consistency_start_step=1", "rollout.known_mask=post_step",
-          "grpo.likelihood_std=recorded_main"]
+PARITY = [
+    "backbone.options={reference_behaviour: true}",
+    "grpo.objective=reinforce",
+    "grpo.likelihood_cfg=none",
+    "grpo.minibatch_over=mask_steps",
+    "grpo.minibatches=2",
+    "rollout.likelihood_positions=unknown",
+    "grpo.consistency=true",
+    "grpo.consistency_start_step=1",
+    "rollout.known_mask=post_step",
+    "grpo.likelihood_std=recorded_main",
+]
 
 
 @pytest.mark.parametrize("extra", [[], PARITY], ids=["default", "parity"])
@@ -428,12 +460,27 @@ def test_one_grpo_step_through_the_trainer_changes_only_trainable_parameters(tin
     from margrpo.train.trainer import Trainer
 
     overrides = [
-        "backbone.name=harmon", f"backbone.checkpoint={tiny_dir[0]}", f"run.out_dir={tmp_path / 'run'}",
-        "run.tensorboard=false", "run.eval_every=0", "run.save_every=0", "run.threads=1",
-        "rollout.num_mask_steps=4", "rollout.schedule=harmon", "rollout.cfg_scale=3.0", "rollout.cfg_channels=eps",
-        "rollout.num_seeds=2", "rollout.record_mask_steps=2", "rollout.record_diffusion_steps=2",
-        "grpo.group_size=2", "grpo.prompts_per_step=2", "grpo.kl_beta=0.01", "grpo.mte=true",
-        "rewards={jpeg_incompressibility: 1.0}", "optim.lr=1e-4", *extra,
+        "backbone.name=harmon",
+        f"backbone.checkpoint={tiny_dir[0]}",
+        f"run.out_dir={tmp_path / 'run'}",
+        "run.tensorboard=false",
+        "run.eval_every=0",
+        "run.save_every=0",
+        "run.threads=1",
+        "rollout.num_mask_steps=4",
+        "rollout.schedule=harmon",
+        "rollout.cfg_scale=3.0",
+        "rollout.cfg_channels=eps",
+        "rollout.num_seeds=2",
+        "rollout.record_mask_steps=2",
+        "rollout.record_diffusion_steps=2",
+        "grpo.group_size=2",
+        "grpo.prompts_per_step=2",
+        "grpo.kl_beta=0.01",
+        "grpo.mte=true",
+        "rewards={jpeg_incompressibility: 1.0}",
+        "optim.lr=1e-4",
+        *extra,
     ]
     trainer = Trainer(load_config(None, overrides))
     assert trainer.policy.reference_behaviour == bool(extra)
@@ -457,12 +504,28 @@ def test_grpo_step_under_cuda_bf16_autocast(tiny_dir, tmp_path):
     from margrpo.train.trainer import Trainer
 
     overrides = [
-        "backbone.name=harmon", f"backbone.checkpoint={tiny_dir[0]}", f"run.out_dir={tmp_path / 'run'}",
-        "run.tensorboard=false", "run.eval_every=0", "run.save_every=0", "run.threads=1", "run.device=cpu",
-        "rollout.num_mask_steps=3", "rollout.schedule=harmon", "rollout.cfg_scale=3.0", "rollout.cfg_channels=eps",
-        "rollout.num_seeds=2", "rollout.record_mask_steps=1", "rollout.record_diffusion_steps=2",
-        "grpo.group_size=2", "grpo.prompts_per_step=1", "grpo.kl_beta=0.01", "grpo.mte=true",
-        "rewards={jpeg_incompressibility: 1.0}", "optim.lr=1e-4", "optim.bf16=true",
+        "backbone.name=harmon",
+        f"backbone.checkpoint={tiny_dir[0]}",
+        f"run.out_dir={tmp_path / 'run'}",
+        "run.tensorboard=false",
+        "run.eval_every=0",
+        "run.save_every=0",
+        "run.threads=1",
+        "run.device=cpu",
+        "rollout.num_mask_steps=3",
+        "rollout.schedule=harmon",
+        "rollout.cfg_scale=3.0",
+        "rollout.cfg_channels=eps",
+        "rollout.num_seeds=2",
+        "rollout.record_mask_steps=1",
+        "rollout.record_diffusion_steps=2",
+        "grpo.group_size=2",
+        "grpo.prompts_per_step=1",
+        "grpo.kl_beta=0.01",
+        "grpo.mte=true",
+        "rewards={jpeg_incompressibility: 1.0}",
+        "optim.lr=1e-4",
+        "optim.bf16=true",
     ]
     trainer = Trainer(load_config(None, overrides), create_run_dir=False)
     with cuda_autocast_rules():
@@ -510,8 +573,9 @@ def test_gpu_benchmark_runs_tiny_on_cpu(bench, tmp_path):
 
 
 def test_benchmark_reference_rollout_keeps_all_tokens_at_recorded_steps(bench, tiny):
-    config = RolloutConfig(num_mask_steps=4, schedule="harmon", cfg_scale=3.0, cfg_channels="eps", num_seeds=2,
-                           record_mask_steps=2, record_diffusion_steps=2)
+    config = RolloutConfig(
+        num_mask_steps=4, schedule="harmon", cfg_scale=3.0, cfg_channels="eps", num_seeds=2, record_mask_steps=2, record_diffusion_steps=2
+    )
     sampler = tiny.make_sampler()
     plan = choose_plan(mask_schedule(36, 4, "harmon"), sampler, 2, 2, torch.Generator().manual_seed(0))
     images, kept, seeds = bench.reference_rollout(tiny, PROMPTS[:2], config, sampler, plan, torch.Generator().manual_seed(1))

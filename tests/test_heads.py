@@ -1,4 +1,5 @@
 """Diffusion heads: official math and names, the condition/denoise split, and the Triton adaLN kernels."""
+
 from __future__ import annotations
 
 import importlib
@@ -10,8 +11,16 @@ import torch
 import torch.nn.functional as F
 
 from margrpo.heads import (
-    DiffusionMLP, Modulation, SimpleMLPAdaLN, head_from_state_dict, load_head_state_dict, mar_head, nova_head,
-    patchify, reinit_zero_layers_, unpatchify,
+    DiffusionMLP,
+    Modulation,
+    SimpleMLPAdaLN,
+    head_from_state_dict,
+    load_head_state_dict,
+    mar_head,
+    nova_head,
+    patchify,
+    reinit_zero_layers_,
+    unpatchify,
 )
 from margrpo.heads import layers
 
@@ -175,26 +184,61 @@ def test_bad_shapes_name_the_argument():
 
 # ------------------------------------------------------------------ state dicts with official names
 MAR_KEYS = [
-    "time_embed.mlp.0.weight", "time_embed.mlp.0.bias", "time_embed.mlp.2.weight", "time_embed.mlp.2.bias",
-    "cond_embed.weight", "cond_embed.bias", "input_proj.weight", "input_proj.bias",
-    *[f"res_blocks.{i}.{n}" for i in range(2) for n in (
-        "in_ln.weight", "in_ln.bias", "mlp.0.weight", "mlp.0.bias", "mlp.2.weight", "mlp.2.bias",
-        "adaLN_modulation.1.weight", "adaLN_modulation.1.bias")],
-    "final_layer.linear.weight", "final_layer.linear.bias",
-    "final_layer.adaLN_modulation.1.weight", "final_layer.adaLN_modulation.1.bias",
+    "time_embed.mlp.0.weight",
+    "time_embed.mlp.0.bias",
+    "time_embed.mlp.2.weight",
+    "time_embed.mlp.2.bias",
+    "cond_embed.weight",
+    "cond_embed.bias",
+    "input_proj.weight",
+    "input_proj.bias",
+    *[
+        f"res_blocks.{i}.{n}"
+        for i in range(2)
+        for n in (
+            "in_ln.weight",
+            "in_ln.bias",
+            "mlp.0.weight",
+            "mlp.0.bias",
+            "mlp.2.weight",
+            "mlp.2.bias",
+            "adaLN_modulation.1.weight",
+            "adaLN_modulation.1.bias",
+        )
+    ],
+    "final_layer.linear.weight",
+    "final_layer.linear.bias",
+    "final_layer.adaLN_modulation.1.weight",
+    "final_layer.adaLN_modulation.1.bias",
 ]
 NOVA_KEYS = [
-    "patch_embed.proj.weight", "patch_embed.proj.bias",
+    "patch_embed.proj.weight",
+    "patch_embed.proj.bias",
     *[f"time_cond_embed.{p}_proj.fc{j}.{n}" for p in ("timestep", "condition") for j in (1, 2) for n in ("weight", "bias")],
-    *[f"blocks.{i}.{n}" for i in range(2) for n in (
-        "norm1.proj.weight", "norm1.proj.bias", "proj.fc1.weight", "proj.fc1.bias", "proj.fc2.weight",
-        "proj.fc2.bias", "norm2.weight", "norm2.bias")],
-    "norm.proj.weight", "norm.proj.bias", "head.weight", "head.bias",
+    *[
+        f"blocks.{i}.{n}"
+        for i in range(2)
+        for n in (
+            "norm1.proj.weight",
+            "norm1.proj.bias",
+            "proj.fc1.weight",
+            "proj.fc1.bias",
+            "proj.fc2.weight",
+            "proj.fc2.bias",
+            "norm2.weight",
+            "norm2.bias",
+        )
+    ],
+    "norm.proj.weight",
+    "norm.proj.bias",
+    "head.weight",
+    "head.bias",
 ]
 
 
-@pytest.mark.parametrize("make, keys, prefix", [(_tiny_mar, MAR_KEYS, "diffloss.net."),
-                                                (_tiny_nova, NOVA_KEYS, "image_decoder.")], ids=["mar", "nova"])
+@pytest.mark.parametrize(
+    "make, keys, prefix", [(_tiny_mar, MAR_KEYS, "diffloss.net."), (_tiny_nova, NOVA_KEYS, "image_decoder.")], ids=["mar", "nova"]
+)
 def test_official_state_dict_loads_and_mismatch_raises(make, keys, prefix):
     source = make(seed=1)
     assert sorted(source.state_dict()) == sorted(keys)
@@ -335,7 +379,7 @@ def test_broadcast_shape_is_torchs_rule():
         for name in ("a", "b", "c"):
             rank = int(torch.randint(0, 5, (1,), generator=g))
             keep = torch.rand(rank, generator=g) < 0.5
-            shapes[name] = tuple(1 if k else s for s, k in zip(full[4 - rank:], keep.tolist()))
+            shapes[name] = tuple(1 if k else s for s, k in zip(full[4 - rank :], keep.tolist()))
         assert broadcast_shape(**shapes) == tuple(torch.broadcast_shapes(*shapes.values()))
     with pytest.raises(ValueError, match=r"x, shift: got shapes x \(2, 3\), shift \(4, 3\)"):
         broadcast_shape(x=(2, 3), shift=(4, 3))

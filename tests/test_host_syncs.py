@@ -6,6 +6,7 @@ The only syncs left in a rollout are in the recording plan (rollout/plan.py), wh
 generator and reads CPU tensors: host work on a GPU machine too. Everything else must not change
 with the number of steps, so a step added to the loop cannot add a stall.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -66,8 +67,16 @@ def backbone(request, tmp_path):
 
 
 def _counted_rollout(model, schedule: str, mask_steps: int, diffusion_steps: int, **modes):
-    config = RolloutConfig(num_mask_steps=mask_steps, num_diffusion_steps=diffusion_steps, schedule=schedule,
-                           cfg_scale=2.0, num_seeds=2, record_mask_steps=2, record_diffusion_steps=2, **modes)
+    config = RolloutConfig(
+        num_mask_steps=mask_steps,
+        num_diffusion_steps=diffusion_steps,
+        schedule=schedule,
+        cfg_scale=2.0,
+        num_seeds=2,
+        record_mask_steps=2,
+        record_diffusion_steps=2,
+        **modes,
+    )
     with count_ops() as rollout_counts:
         rollout = generate(model, PROMPTS, config, [3, 4])
     with count_ops() as likelihood_counts:
@@ -79,8 +88,9 @@ def _device_syncs(counts) -> list[str]:
     return [site for site in counts.sites if site.startswith("sync") and not site.split(" @ ")[1].startswith(HOST_ONLY)]
 
 
-@pytest.mark.parametrize("modes", [{}, {"likelihood_positions": "unknown", "known_mask": "post_step"}],
-                         ids=["revealed", "unknown-post-step"])
+@pytest.mark.parametrize(
+    "modes", [{}, {"likelihood_positions": "unknown", "known_mask": "post_step"}], ids=["revealed", "unknown-post-step"]
+)
 def test_rollout_and_likelihood_do_not_sync_per_step(backbone, modes):
     model, schedule = backbone
     short = _counted_rollout(model, schedule, 4, 4, **modes)
@@ -90,7 +100,8 @@ def test_rollout_and_likelihood_do_not_sync_per_step(backbone, modes):
         assert likelihood.syncs == 0, f"{steps}: {dict(likelihood.sites)}"
     for name, a, b in (("rollout", *[s[0] for s in (short, long)]), ("likelihood", *[s[1] for s in (short, long)])):
         assert (a.syncs, a.host_to_device) == (b.syncs, b.host_to_device), (
-            f"{name}: per-step syncs or host copies: {dict(a.sites)} vs {dict(b.sites)}")
+            f"{name}: per-step syncs or host copies: {dict(a.sites)} vs {dict(b.sites)}"
+        )
         assert b.launches > a.launches or name == "likelihood"  # the counter did see the longer loop
 
 
@@ -112,11 +123,24 @@ def test_the_loss_and_its_backward_do_not_sync(parity):
     weights, kl_weights = ops.token_weights(keep), ops.token_weights(torch.ones(B, L, dtype=torch.bool))
     mte = torch.rand(B, L * P, generator=gen) > 0.5
     with count_ops() as counts:
-        out = chunk_loss(position_logp(x_prev, mean, std, P), old, torch.randn(B, generator=gen), weights,
-                         mte_mask=mte, clip_eps=0.2, clip_eps_high=0.28, kl_beta=0.1,
-                         kl_type="parity_mean_k3" if parity else "gaussian", kl_weights=kl_weights, mean=mean,
-                         ref_mean=ref_mean, std=std, mte_include_rollout=not parity,
-                         channel_reduction="mean" if parity else "sum", pixels_per_token=P)
+        out = chunk_loss(
+            position_logp(x_prev, mean, std, P),
+            old,
+            torch.randn(B, generator=gen),
+            weights,
+            mte_mask=mte,
+            clip_eps=0.2,
+            clip_eps_high=0.28,
+            kl_beta=0.1,
+            kl_type="parity_mean_k3" if parity else "gaussian",
+            kl_weights=kl_weights,
+            mean=mean,
+            ref_mean=ref_mean,
+            std=std,
+            mte_include_rollout=not parity,
+            channel_reduction="mean" if parity else "sum",
+            pixels_per_token=P,
+        )
         out.loss.backward()
     assert counts.syncs == 0 and counts.host_to_device == 0, dict(counts.sites)
     assert counts.launches > 10 and mean.grad.abs().sum() > 0  # the counter saw the loss and its gradient

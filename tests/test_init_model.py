@@ -1,6 +1,7 @@
 """`margrpo init-model`: random-init presets written in their family's official layout load with
 load_backbone and generate; exporting a run of a NOVA / Harmon model (a checkpoint with a modified
 trained tensor, or LoRA adapters) writes that family's layout back with the change in it."""
+
 from __future__ import annotations
 
 import pytest
@@ -52,8 +53,21 @@ def test_a_preset_loads_from_its_directory_and_generates(name, written):
 def test_sample_detects_the_family_of_a_model_directory(name, written, tmp_path, capsys):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a photo of a cat\n")
-    argv = ["sample", "--checkpoint", str(written[name]), "--prompts", str(prompts), "--out", str(tmp_path / "out"),
-            "--per-prompt", "1", "--device", "cpu", "pretrain.sampling.num_mask_steps=2", "backbone.diffusion_steps=2"]
+    argv = [
+        "sample",
+        "--checkpoint",
+        str(written[name]),
+        "--prompts",
+        str(prompts),
+        "--out",
+        str(tmp_path / "out"),
+        "--per-prompt",
+        "1",
+        "--device",
+        "cpu",
+        "pretrain.sampling.num_mask_steps=2",
+        "backbone.diffusion_steps=2",
+    ]
     assert cli.main(argv) == 0
     assert f"sampling {TINY[name]} {written[name]}" in capsys.readouterr().out
     assert (tmp_path / "out" / "grid.png").is_file()
@@ -63,8 +77,16 @@ def fake_run(root, family, checkpoint, lora_rank=0, options="{}"):
     """A run checkpoint of `family` as the trainer writes one: the trainable tensors (every trainable
     parameter of the backbone, the first one changed, or all when they include adapters: grpo.lora's or
     Harmon's own mar+lora) and the config."""
-    config = load_config(None, [f"backbone.name={family}", f"backbone.checkpoint={checkpoint}",
-                                f"backbone.options={options}", f"grpo.lora.rank={lora_rank}", "grpo.kl_beta=0"])
+    config = load_config(
+        None,
+        [
+            f"backbone.name={family}",
+            f"backbone.checkpoint={checkpoint}",
+            f"backbone.options={options}",
+            f"grpo.lora.rank={lora_rank}",
+            "grpo.kl_beta=0",
+        ],
+    )
     policy = load_backbone(config.backbone)
     gen = torch.Generator().manual_seed(0)
     if lora_rank:
@@ -97,8 +119,9 @@ def test_export_round_trip_of_a_changed_weight(name, written, tmp_path):
     assert all(torch.equal(state[k], before[k]) for k in before if k != changed)
 
 
-@pytest.mark.parametrize("name, rank, options", [("nova-tiny", 2, "{}"), ("harmon-tiny", 2, "{}"),
-                                                 ("harmon-tiny", 0, "{trainable: mar+lora, lora_rank: 2}")])
+@pytest.mark.parametrize(
+    "name, rank, options", [("nova-tiny", 2, "{}"), ("harmon-tiny", 2, "{}"), ("harmon-tiny", 0, "{trainable: mar+lora, lora_rank: 2}")]
+)
 def test_lora_merge_generates_what_the_adapted_policy_does(name, rank, options, written, tmp_path):
     family = TINY[name]
     config, weights = fake_run(tmp_path / "run", family, written[name], rank, options)
@@ -142,8 +165,10 @@ def test_model_directories_never_replace_a_shipped_checkpoint_or_a_non_empty_one
     from margrpo.train import pretrain
 
     shipped = BUILTIN_DIR / "shapes-tiny"
-    for backbone, settings in [(BackboneConfig(checkpoint=str(shipped)), pretrain.PretrainConfig()),
-                               (BackboneConfig(), pretrain.PretrainConfig(out=str(shipped)))]:
+    for backbone, settings in [
+        (BackboneConfig(checkpoint=str(shipped)), pretrain.PretrainConfig()),
+        (BackboneConfig(), pretrain.PretrainConfig(out=str(shipped))),
+    ]:
         with pytest.raises(ValueError, match="inside the package's shipped checkpoints"):
             pretrain.output_dir(backbone, settings, force=True)
     taken = tmp_path / "taken"

@@ -1,5 +1,6 @@
 """LoRA adapters as the only trainable parameters (grpo.lora), and the KL reference without a second
 copy: the policy with its adapters disabled is exactly the untouched base model."""
+
 from __future__ import annotations
 
 import copy
@@ -44,8 +45,7 @@ def rollout_of(model: TinyMAR):
     config = RolloutConfig(num_mask_steps=4, record_mask_steps=2, record_diffusion_steps=2, cfg_scale=2.0)
     sampler = model.make_sampler()
     counts = mask_schedule(model.num_tokens, config.num_mask_steps, config.schedule)
-    plan = choose_plan(counts, sampler, config.record_mask_steps, config.record_diffusion_steps,
-                       torch.Generator().manual_seed(3))
+    plan = choose_plan(counts, sampler, config.record_mask_steps, config.record_diffusion_steps, torch.Generator().manual_seed(3))
     with torch.no_grad():
         return generate(model, PROMPTS, config, [11, 12], sampler=sampler, plan=plan)
 
@@ -84,13 +84,31 @@ def test_default_targets_are_the_trainable_linears_outside_the_head():
 
 
 def lora_trainer(tmp_path, checkpoint, *extra) -> Trainer:
-    return Trainer(load_config(None, [
-        f"backbone.checkpoint={checkpoint}", f"run.out_dir={tmp_path / 'run'}", "run.tensorboard=false",
-        "run.eval_every=0", "run.save_every=0", "run.threads=1", "run.resume=never", "rollout.num_mask_steps=4",
-        "rollout.record_mask_steps=2", "rollout.record_diffusion_steps=2", "grpo.group_size=4",
-        "grpo.prompts_per_step=2", "rewards={jpeg_incompressibility: 1.0}", "optim.lr=1e-2", "grpo.lora.rank=4",
-        "grpo.kl_beta=0.1", *extra,
-    ]), create_run_dir=False)
+    return Trainer(
+        load_config(
+            None,
+            [
+                f"backbone.checkpoint={checkpoint}",
+                f"run.out_dir={tmp_path / 'run'}",
+                "run.tensorboard=false",
+                "run.eval_every=0",
+                "run.save_every=0",
+                "run.threads=1",
+                "run.resume=never",
+                "rollout.num_mask_steps=4",
+                "rollout.record_mask_steps=2",
+                "rollout.record_diffusion_steps=2",
+                "grpo.group_size=4",
+                "grpo.prompts_per_step=2",
+                "rewards={jpeg_incompressibility: 1.0}",
+                "optim.lr=1e-2",
+                "grpo.lora.rank=4",
+                "grpo.kl_beta=0.1",
+                *extra,
+            ],
+        ),
+        create_run_dir=False,
+    )
 
 
 def test_no_second_copy_and_a_step_trains_only_the_adapters(tmp_path, tiny_checkpoint, monkeypatch):
@@ -109,8 +127,7 @@ def test_no_second_copy_and_a_step_trains_only_the_adapters(tmp_path, tiny_check
     base = TinyMAR.load(tiny_checkpoint)
     adapters = {id(p) for p in lora_utils.adapter_parameters(trainer.policy)}
     # the trainer holds the base weights once (plus the adapters), and trains the adapters only
-    assert sum(p.numel() for p in trainer.policy.parameters() if id(p) not in adapters) == \
-        sum(p.numel() for p in base.parameters())
+    assert sum(p.numel() for p in trainer.policy.parameters() if id(p) not in adapters) == sum(p.numel() for p in base.parameters())
     trainable = {id(p) for p in trainer.policy.parameters() if p.requires_grad}
     assert trainable == adapters
     assert {id(p) for group in trainer.optimizer.param_groups for p in group["params"]} == adapters

@@ -1,5 +1,6 @@
 """The fused multi-seed denoising path against the eager per-seed reference, the training
 log-prob recomputation, guidance and noise sources."""
+
 from __future__ import annotations
 
 import importlib
@@ -11,7 +12,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from margrpo.diffusion import DDPMSampler, FlowSDESampler, mar_sampler
 from margrpo.heads import (
-    CounterNoise, DiffusionMLP, GraphedMultiSeed, Guidance, SimpleMLPAdaLN, counter_normal, denoise_logprob, multi_seed_denoise,
+    CounterNoise,
+    DiffusionMLP,
+    GraphedMultiSeed,
+    Guidance,
+    SimpleMLPAdaLN,
+    counter_normal,
+    denoise_logprob,
+    multi_seed_denoise,
     reinit_zero_layers_,
 )
 from margrpo.heads.noise import resolve_noise
@@ -308,7 +316,6 @@ def test_no_recorded_steps_gives_empty_records():
     assert torch.isfinite(out.x0).all()
     single = out.to(torch.float32)
     assert single.x0.dtype == torch.float32 and single.steps == () and torch.equal(single.x0, out.x0.float())
-
 
 
 @pytest.mark.gpu

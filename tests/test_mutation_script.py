@@ -6,6 +6,7 @@ and scores them.
 
 The list is not checked against the current source here: `python scripts/mutation_test.py --check`
 does that (and every run does it first), so editing a mutated line never fails CI."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -21,11 +22,20 @@ mt = importlib.util.module_from_spec(spec)
 sys.modules["mutation_test"] = mt  # dataclasses look their module up while the class is built
 spec.loader.exec_module(mt)
 
-ISSUE_19_SURVIVORS = ("mte_least_uncertain", "consistency_and_committed", "consistency_reversed",
-                      "kl_shrunk_by_transitions", "k3_no_gradient", "sample_mean_not_normalised",
-                      "lr_scheduler_not_stepped", "grad_clip_disabled", "head_low_lr_ignored", "same_noise_every_step")
+ISSUE_19_SURVIVORS = (
+    "mte_least_uncertain",
+    "consistency_and_committed",
+    "consistency_reversed",
+    "kl_shrunk_by_transitions",
+    "k3_no_gradient",
+    "sample_mean_not_normalised",
+    "lr_scheduler_not_stepped",
+    "grad_clip_disabled",
+    "head_low_lr_ignored",
+    "same_noise_every_step",
+)
 
-SOURCE = '''def double(x):
+SOURCE = """def double(x):
     return 2 * x
 
 
@@ -37,7 +47,7 @@ class Box:
         def inner(y):
             return y / 2
         return inner(x)
-'''
+"""
 
 
 def test_the_list_covers_issue_19_and_its_modules():
@@ -46,8 +56,18 @@ def test_the_list_covers_issue_19_and_its_modules():
     assert set(ISSUE_19_SURVIVORS) <= set(names)
     assert all(m.equivalent is None for m in mt.MUTANTS if m.name in ISSUE_19_SURVIVORS)
     files = {m.path for m in mt.MUTANTS}
-    for module in ("grpo/advantages.py", "grpo/kl.py", "grpo/objective.py", "grpo/policy_update.py", "grpo/selection.py",
-                   "rollout/plan.py", "rollout/generate.py", "rollout/likelihood.py", "train/trainer.py", "ops/reference.py"):
+    for module in (
+        "grpo/advantages.py",
+        "grpo/kl.py",
+        "grpo/objective.py",
+        "grpo/policy_update.py",
+        "grpo/selection.py",
+        "rollout/plan.py",
+        "rollout/generate.py",
+        "rollout/likelihood.py",
+        "train/trainer.py",
+        "ops/reference.py",
+    ):
         assert f"margrpo/{module}" in files
     assert sum(m.equivalent is None for m in mt.MUTANTS) >= 30
     assert all(m.equivalent.strip() for m in mt.MUTANTS if m.equivalent is not None)
@@ -95,8 +115,7 @@ def test_a_broken_entry_is_reported_not_skipped():
         mt.apply(mt.Mutant("x", "f.py", "a = 1\nb = 2\nb", "a = 0\nb = 0\nb", "", ("t",)), text)
     assert mt.apply(mt.Mutant("x", "f.py", "a = 1\nb", "a = 5\nb", "", ("t",)), text) == "a = 5\nb = 2\nb = 2\n"
     # a real entry that went stale (its text edited away) is a problem of the list
-    stale = mt.Mutant("stale", "margrpo/grpo/kl.py::k3_logp", "this text is not there", "x", "",
-                      ("tests/test_grpo_math.py",))
+    stale = mt.Mutant("stale", "margrpo/grpo/kl.py::k3_logp", "this text is not there", "x", "", ("tests/test_grpo_math.py",))
     assert any("stale" in p and "occurs 0 times" in p for p in mt.check([stale], ROOT))
 
 
@@ -111,9 +130,9 @@ def _toy(tmp_path: Path) -> Path:
     (repo / "tests").mkdir()
     (repo / "tests" / "conftest.py").write_text(
         "import sys\nfrom pathlib import Path\n\n_ROOT = Path(__file__).resolve().parents[1]\n"
-        "sys.path[:] = [p for p in sys.path if Path(p or '.').resolve() != _ROOT]\n")
-    (repo / "tests" / "test_pkg.py").write_text("from pkg import double\n\n\ndef test_double():\n"
-                                                "    assert double(3) == 6\n")
+        "sys.path[:] = [p for p in sys.path if Path(p or '.').resolve() != _ROOT]\n"
+    )
+    (repo / "tests" / "test_pkg.py").write_text("from pkg import double\n\n\ndef test_double():\n    assert double(3) == 6\n")
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
     installed = tmp_path / "installed"
     (installed / "pkg").mkdir(parents=True)
@@ -131,11 +150,11 @@ def test_a_run_on_a_toy_repository(tmp_path, monkeypatch):
     mutants = [
         mt.Mutant("double_plus", "pkg/__init__.py::double", "2 * x", "2 + x", "", test),
         mt.Mutant("half_untested", "pkg/__init__.py::half", "x / 2", "x * 2", "", test),
-        mt.Mutant("double_commuted", "pkg/__init__.py::double", "2 * x", "x * 2", "", test,
-                  equivalent="multiplication commutes"),
+        mt.Mutant("double_commuted", "pkg/__init__.py::double", "2 * x", "x * 2", "", test, equivalent="multiplication commutes"),
     ]
-    sentinel = mt.Mutant("sentinel", "pkg/__init__.py", "VERSION = ", "raise AssertionError('SENTINEL'); VERSION = ", "", test,
-                         expect_output="SENTINEL")
+    sentinel = mt.Mutant(
+        "sentinel", "pkg/__init__.py", "VERSION = ", "raise AssertionError('SENTINEL'); VERSION = ", "", test, expect_output="SENTINEL"
+    )
     assert mt.check([sentinel, *mutants], repo) == []
     files = mt.tree_files(repo)
     assert files == ["pkg/__init__.py", "tests/conftest.py", "tests/test_pkg.py"]
@@ -165,13 +184,16 @@ def test_a_control_is_caught_only_by_its_own_failure(tmp_path, monkeypatch):
     assert mt.run_mutant(other, repo, files, 600, sys.executable, package="pkg").status == "error"
     assert mt.run_mutant(quiet, repo, files, 600, sys.executable, package="pkg").status == "survived"
     # the old way: the root on PYTHONPATH, stripped by conftest, so the unmutated install is imported
-    sentinel = mt.Mutant("s", "pkg/__init__.py", "VERSION = ", "raise AssertionError('SENTINEL'); VERSION = ", "", test,
-                         expect_output="SENTINEL")
+    sentinel = mt.Mutant(
+        "s", "pkg/__init__.py", "VERSION = ", "raise AssertionError('SENTINEL'); VERSION = ", "", test, expect_output="SENTINEL"
+    )
     with mt.mutated_copy(repo, files, sentinel, "pkg") as (tree, site):
         old_env = {**mt._env(site), "PYTHONPATH": f"{tree}:{installed}"}
-        old = subprocess.run([sys.executable, "-m", "pytest", *test, *mt.PYTEST_ARGS], cwd=tree, env=old_env,
-                             capture_output=True, text=True)
+        old = subprocess.run(
+            [sys.executable, "-m", "pytest", *test, *mt.PYTEST_ARGS], cwd=tree, env=old_env, capture_output=True, text=True
+        )
         assert old.returncode == 0  # what the 2026-12-04 run measured: nothing
-        new = subprocess.run([sys.executable, "-m", "pytest", *test, *mt.PYTEST_ARGS], cwd=tree, env=mt._env(site),
-                             capture_output=True, text=True)
+        new = subprocess.run(
+            [sys.executable, "-m", "pytest", *test, *mt.PYTEST_ARGS], cwd=tree, env=mt._env(site), capture_output=True, text=True
+        )
         assert new.returncode != 0 and "SENTINEL" in new.stdout + new.stderr

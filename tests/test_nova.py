@@ -2,6 +2,7 @@
 config reading, loading and its errors, the transformer against an official-style forward written
 here from the upstream algorithm, prompts, decoding, rollout + likelihood recomputation, one GRPO
 step through the shared trainer, the configs, and the benchmark's CPU path."""
+
 from __future__ import annotations
 
 import copy
@@ -44,10 +45,19 @@ def tiny64(tiny_dir) -> nova.NovaBackbone:
 
 # ---------------------------------------------------------------------- config
 def test_config_reads_the_official_fields():
-    official = {"_class_name": "NOVATransformer3DModel", "_diffusers_version": "0.31.0", "image_dim": 4,
-                "image_size": 512, "image_stride": 8, "text_token_dim": 2560, "text_token_len": 256,
-                "image_base_size": [32, 32], "video_base_size": [1, 16, 16], "video_mixer_rank": None,
-                "arch": ["vit_d16w1024", "vit_d32w1024", "mlp_d6w1024"]}
+    official = {
+        "_class_name": "NOVATransformer3DModel",
+        "_diffusers_version": "0.31.0",
+        "image_dim": 4,
+        "image_size": 512,
+        "image_stride": 8,
+        "text_token_dim": 2560,
+        "text_token_len": 256,
+        "image_base_size": [32, 32],
+        "video_base_size": [1, 16, 16],
+        "video_mixer_rank": None,
+        "arch": ["vit_d16w1024", "vit_d32w1024", "mlp_d6w1024"],
+    }
     config = NovaConfig.from_dict(official)
     assert (config.num_tokens, config.token_channels, config.frame_tokens) == (1024, 16, 256)
     assert (config.patch_size, config.temporal_patch_size, config.latent_size) == (2, 4, (64, 64))
@@ -55,16 +65,19 @@ def test_config_reads_the_official_fields():
     assert NovaConfig.from_dict(config.to_dict()) == config
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"video_base_size": [3, 16, 16]}, "video checkpoints"),
-    ({"rotary_pos_embed": True}, "RoPE"),
-    ({"image_base_size": [16, 16]}, "expected [32, 32]"),
-    ({"arch": ["vit_d16w1024", "vit_d32w768", "mlp_d3w1280"]}, "one width"),
-    ({"arch": ["vit_d16w1024", "vit_d32w1024", "mlp_big"]}, "mlp_d<depth>w<width>"),
-    ({"text_token_dim": None}, "class-conditional"),
-    ({"num_layers": 3}, "unknown key(s) ['num_layers']"),
-    ({"_class_name": "Transformer2DModel"}, "expected 'NOVATransformer3DModel'"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"video_base_size": [3, 16, 16]}, "video checkpoints"),
+        ({"rotary_pos_embed": True}, "RoPE"),
+        ({"image_base_size": [16, 16]}, "expected [32, 32]"),
+        ({"arch": ["vit_d16w1024", "vit_d32w768", "mlp_d3w1280"]}, "one width"),
+        ({"arch": ["vit_d16w1024", "vit_d32w1024", "mlp_big"]}, "mlp_d<depth>w<width>"),
+        ({"text_token_dim": None}, "class-conditional"),
+        ({"num_layers": 3}, "unknown key(s) ['num_layers']"),
+        ({"_class_name": "Transformer2DModel"}, "expected 'NOVATransformer3DModel'"),
+    ],
+)
 def test_config_errors_name_the_field(change, message):
     data = {**NovaConfig().to_dict(), **change}
     with pytest.raises(ValueError) as err:
@@ -77,12 +90,20 @@ def test_real_size_model_has_official_names_and_0_6b_parameters():
         transformer = nova.NovaTransformer(nova.PRESETS["nova-0.6b-random"].transformer)
     state = transformer.state_dict()
     for key, shape in {
-        "video_encoder.patch_embed.proj.weight": (1024, 4, 4, 4), "video_encoder.blocks.15.attn.qkv.weight": (3072, 1024),
-        "video_encoder.norm.weight": (1024,), "image_encoder.patch_embed.proj.weight": (1024, 4, 2, 2),
-        "image_encoder.blocks.31.mlp.fc2.weight": (1024, 4096), "image_encoder.blocks.0.norm1.bias": (1024,),
-        "image_decoder.blocks.2.norm1.proj.weight": (3 * 1280, 1280), "image_decoder.head.weight": (16, 1280),
-        "mask_embed.bos_token": (1, 1024), "mask_embed.mask_token": (1, 1024), "text_embed.proj.weight": (1024, 2560),
-        "text_embed.weight": (512, 2560), "video_pos_embed.time_proj.0.weight": (1024, 256), "video_pos_embed.norm.weight": (1024,),
+        "video_encoder.patch_embed.proj.weight": (1024, 4, 4, 4),
+        "video_encoder.blocks.15.attn.qkv.weight": (3072, 1024),
+        "video_encoder.norm.weight": (1024,),
+        "image_encoder.patch_embed.proj.weight": (1024, 4, 2, 2),
+        "image_encoder.blocks.31.mlp.fc2.weight": (1024, 4096),
+        "image_encoder.blocks.0.norm1.bias": (1024,),
+        "image_decoder.blocks.2.norm1.proj.weight": (3 * 1280, 1280),
+        "image_decoder.head.weight": (16, 1280),
+        "mask_embed.bos_token": (1, 1024),
+        "mask_embed.mask_token": (1, 1024),
+        "text_embed.proj.weight": (1024, 2560),
+        "text_embed.weight": (512, 2560),
+        "video_pos_embed.time_proj.0.weight": (1024, 256),
+        "video_pos_embed.norm.weight": (1024,),
     }.items():
         assert tuple(state[key].shape) == shape, key
     assert "image_pos" not in state and "video_pos_embed.space" not in state  # computed tables, not weights
@@ -143,9 +164,17 @@ def _copy_tree(src: Path, dst: Path) -> None:
             target.write_bytes(file.read_bytes())
 
 
-@pytest.mark.parametrize("remove", ["model_index.json", "transformer/diffusion_pytorch_model.safetensors",
-                                    "vae/config.json", "text_encoder/model.safetensors", "tokenizer/tokenizer.json",
-                                    "scheduler/scheduler_config.json"])
+@pytest.mark.parametrize(
+    "remove",
+    [
+        "model_index.json",
+        "transformer/diffusion_pytorch_model.safetensors",
+        "vae/config.json",
+        "text_encoder/model.safetensors",
+        "tokenizer/tokenizer.json",
+        "scheduler/scheduler_config.json",
+    ],
+)
 def test_a_missing_file_is_named_with_where_to_get_it(tmp_path, tiny_dir, remove):
     _copy_tree(tiny_dir, tmp_path / "ckpt")
     (tmp_path / "ckpt" / remove).unlink()
@@ -205,19 +234,28 @@ def _official_z(t, text_states, latent, reveal_order, extra_frame=False):
     freq = 1 / 10000 ** (torch.arange(128, dtype=torch.float32) / 128)
     frames = 2 if extra_frame else 1
     grid = torch.arange(frames, dtype=torch.float32) / (frames / 1)
-    time = t.video_pos_embed.norm(t.video_pos_embed.time_proj(torch.cat([(grid[:, None, None] * freq).sin(),
-                                                                          (grid[:, None, None] * freq).cos()], -1).to(latent.dtype)))
+    time = t.video_pos_embed.norm(
+        t.video_pos_embed.time_proj(
+            torch.cat([(grid[:, None, None] * freq).sin(), (grid[:, None, None] * freq).cos()], -1).to(latent.dtype)
+        )
+    )
     hv, wv = c.video_base_size[1:]
-    video = F.conv2d(latent, t.video_encoder.patch_embed.proj.weight, t.video_encoder.patch_embed.proj.bias,
-                     stride=c.temporal_patch_size).flatten(2).transpose(1, 2)
+    video = (
+        F.conv2d(latent, t.video_encoder.patch_embed.proj.weight, t.video_encoder.patch_embed.proj.bias, stride=c.temporal_patch_size)
+        .flatten(2)
+        .transpose(1, 2)
+    )
     bos = torch.zeros_like(video) + t.mask_embed.bos_token
     frame_tokens = torch.stack([bos, video][:frames], 1) + time + _sincos_2d(D, hv, wv).to(latent.dtype)
     h = torch.cat([text, frame_tokens.flatten(1, 2)], 1)
     for block in t.video_encoder.blocks:
         h = _official_block(block, h)
-    cond = t.video_encoder.norm(h[:, text.shape[1]:])
-    z = F.conv2d(latent, t.image_encoder.patch_embed.proj.weight, t.image_encoder.patch_embed.proj.bias,
-                 stride=c.patch_size).flatten(2).transpose(1, 2)
+    cond = t.video_encoder.norm(h[:, text.shape[1] :])
+    z = (
+        F.conv2d(latent, t.image_encoder.patch_embed.proj.weight, t.image_encoder.patch_embed.proj.bias, stride=c.patch_size)
+        .flatten(2)
+        .transpose(1, 2)
+    )
     mask = torch.ones(B, z.shape[1], 1, dtype=z.dtype).scatter_(1, reveal_order[..., None], 0)
     z = z.mul(1 - mask) + t.mask_embed.mask_token * mask
     z = z + _sincos_2d(D, *c.image_base_size).to(z.dtype)
@@ -230,7 +268,7 @@ def _official_z(t, text_states, latent, reveal_order, extra_frame=False):
     h = torch.cat([cond, z.scatter(1, ids, known)], 1)
     for block in t.image_encoder.blocks[depth:]:
         h = _official_block(block, h)
-    return t.image_encoder.norm(h[:, cond.shape[1]:])
+    return t.image_encoder.norm(h[:, cond.shape[1] :])
 
 
 def _canvas(backbone, gen, batch, known_count):
@@ -260,8 +298,9 @@ def test_rows_with_different_known_counts_match_one_by_one(tiny64, gen):
     z = tiny64.forward_z(prompts, tokens, known)
     for row in range(3):
         one = type(prompts)(prompts.embeds[row : row + 1], prompts.mask[row : row + 1])
-        torch.testing.assert_close(z[row : row + 1], tiny64.forward_z(one, tokens[row : row + 1], known[row : row + 1]),
-                                   rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(
+            z[row : row + 1], tiny64.forward_z(one, tokens[row : row + 1], known[row : row + 1]), rtol=1e-10, atol=1e-10
+        )
 
 
 def test_extra_temporal_frame_only_in_train_mode(tiny_dir, gen):
@@ -340,8 +379,9 @@ def test_frozen_parts_move_with_the_backbone_and_are_shared_by_deepcopy(tiny_dir
 
 # ---------------------------------------------------------------------- rollout and likelihood
 def _rollout_config(**changes) -> RolloutConfig:
-    base = dict(num_mask_steps=4, schedule="nova", cfg_scale=5.0, negative_prompt=None, num_seeds=2, record_mask_steps=2,
-                record_diffusion_steps=2)
+    base = dict(
+        num_mask_steps=4, schedule="nova", cfg_scale=5.0, negative_prompt=None, num_seeds=2, record_mask_steps=2, record_diffusion_steps=2
+    )
     return RolloutConfig(**{**base, **changes})
 
 
@@ -373,11 +413,24 @@ def test_one_grpo_step_through_the_trainer_updates_only_trainable_parameters(tmp
     from margrpo.train.trainer import Trainer
 
     overrides = [
-        "backbone.name=nova", f"backbone.checkpoint={tiny_dir}", "backbone.diffusion_steps=4",
-        f"run.out_dir={tmp_path / 'run'}", "run.tensorboard=false", "run.threads=1", "run.device=cpu",
-        "rollout.num_mask_steps=4", "rollout.cfg_scale=5.0", "rollout.num_seeds=2", "rollout.record_mask_steps=2",
-        "rollout.record_diffusion_steps=2", "grpo.group_size=4", "grpo.prompts_per_step=1", "grpo.mte=true",
-        "grpo.kl_beta=0.01", "rewards={jpeg_incompressibility: 1.0}", "optim.lr=1e-3",
+        "backbone.name=nova",
+        f"backbone.checkpoint={tiny_dir}",
+        "backbone.diffusion_steps=4",
+        f"run.out_dir={tmp_path / 'run'}",
+        "run.tensorboard=false",
+        "run.threads=1",
+        "run.device=cpu",
+        "rollout.num_mask_steps=4",
+        "rollout.cfg_scale=5.0",
+        "rollout.num_seeds=2",
+        "rollout.record_mask_steps=2",
+        "rollout.record_diffusion_steps=2",
+        "grpo.group_size=4",
+        "grpo.prompts_per_step=1",
+        "grpo.mte=true",
+        "grpo.kl_beta=0.01",
+        "rewards={jpeg_incompressibility: 1.0}",
+        "optim.lr=1e-3",
     ]
     trainer = Trainer(load_config(None, overrides), create_run_dir=False)
     policy = trainer.policy
@@ -408,7 +461,13 @@ def test_configs_load_with_the_recipes(tiny_dir):
         assert config.grpo.head == "frozen" and config.grpo.mte and config.grpo.consistency
     g = parity.grpo
     assert (g.objective, g.kl_type, g.likelihood_cfg, g.minibatch_over, g.minibatches, g.pixels_per_token) == (
-        "reinforce", "parity_mean_k3", "none", "mask_steps", parity.rollout.record_mask_steps, 4)
+        "reinforce",
+        "parity_mean_k3",
+        "none",
+        "mask_steps",
+        parity.rollout.record_mask_steps,
+        4,
+    )
     assert parity.rollout.likelihood_positions == "unknown"
     assert (sound.grpo.objective, sound.grpo.likelihood_cfg) == ("clip", "rollout")
     # the parity preset's model options are nova.load's keywords
@@ -421,8 +480,7 @@ def test_gpu_benchmark_runs_at_tiny_size(tmp_path):
     spec.loader.exec_module(module)
     result = module.run(tmp_path, tiny=True)
     assert json.loads((tmp_path / "nova.json").read_text()) == json.loads(json.dumps(result))
-    assert {(r["what"], r["path"]) for r in result["rows"]} == {
-        (w, p) for w in ("rollout", "grpo_step") for p in ("fused", "reference")}
+    assert {(r["what"], r["path"]) for r in result["rows"]} == {(w, p) for w in ("rollout", "grpo_step") for p in ("fused", "reference")}
     assert all(r["ms"] > 0 and r["images_per_s"] > 0 for r in result["rows"])
     assert result["speedup"]["grpo_step"] > 0 and isinstance(result["meets_target"], bool)
     assert result["settings"]["preset"] == "nova-tiny" and "speedup vs reference" in module.format_table(result)
@@ -436,11 +494,9 @@ def test_gpu_benchmark_grpo_step_under_cuda_bf16_autocast(tmp_path):
 
     from margrpo.bench.models import NovaBenchSettings, bench_nova
 
-    settings = dataclasses.replace(NovaBenchSettings.tiny(), dtype="bfloat16", bf16=True, mask_steps=3,
-                                   warmup_mask_steps=3)
+    settings = dataclasses.replace(NovaBenchSettings.tiny(), dtype="bfloat16", bf16=True, mask_steps=3, warmup_mask_steps=3)
     rows = []
     with cuda_autocast_rules():
         result = bench_nova("cpu", settings, on_row=rows.append)
-    assert [(r["what"], r["path"]) for r in rows] == [
-        (w, p) for w in ("rollout", "grpo_step") for p in ("fused", "reference")]
+    assert [(r["what"], r["path"]) for r in rows] == [(w, p) for w in ("rollout", "grpo_step") for p in ("fused", "reference")]
     assert rows == result["rows"] and all(r["ms"] > 0 for r in rows)

@@ -1,4 +1,5 @@
 """Backend selection of the public ops: choice, fallbacks, clear errors, import without extras."""
+
 from __future__ import annotations
 
 import subprocess

@@ -1,6 +1,7 @@
 """The measured backend order of `auto` (margrpo/ops/_table.py): the shipped table, auto following
 a table given by path or env var, the fallback where it has no figures, `bench ops --write-table`,
 and clear errors for bad tables."""
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,13 @@ from margrpo.ops import _backend, _kernels, _table
 
 CPU = torch.device("cpu")
 GAUSS = ("gaussian_logprob", "gaussian_logprob", ("gaussian_logprob_fwd", "gaussian_logprob_bwd"))
-NOVA_ELEMENTS = {"gaussian_logprob": 3 * 4 * 1024 * 16, "trajectory_std": 3 * 4 * 1024 * 16, "topk_mask": 4 * 1024,
-                 "consistency_mask": 3 * 4 * 1024 * 16, "grpo_surrogate": 3 * 4 * 1024}
+NOVA_ELEMENTS = {
+    "gaussian_logprob": 3 * 4 * 1024 * 16,
+    "trajectory_std": 3 * 4 * 1024 * 16,
+    "topk_mask": 4 * 1024,
+    "consistency_mask": 3 * 4 * 1024 * 16,
+    "grpo_surrogate": 3 * 4 * 1024,
+}
 needs_cpp = pytest.mark.skipif("cpp" not in ops.available_backends(), reason="margrpo._C is not built")
 
 
@@ -110,9 +116,11 @@ def test_unknown_op_device_or_size_keeps_the_built_in_rule(tmp_path):
 
 def test_env_var_names_the_table(tmp_path):
     path = write_table(tmp_path / "t.json", [entry(order=["torch"])])
-    script = ("import torch, margrpo.ops as ops\nfrom margrpo.ops import _kernels\n"
-              "print(_kernels.for_eager(torch.device('cpu'), 'gaussian_logprob', 'gaussian_logprob', "
-              "('gaussian_logprob_fwd',), elements=10)[0])")
+    script = (
+        "import torch, margrpo.ops as ops\nfrom margrpo.ops import _kernels\n"
+        "print(_kernels.for_eager(torch.device('cpu'), 'gaussian_logprob', 'gaussian_logprob', "
+        "('gaussian_logprob_fwd',), elements=10)[0])"
+    )
     env = {**os.environ, "MARGRPO_BACKEND_TABLE": str(path), "MARGRPO_BACKEND": "auto"}
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "torch", done.stderr[-2000:]
@@ -122,19 +130,22 @@ def test_env_var_names_the_table(tmp_path):
 
 
 # ------------------------------------------------------------------ bad tables
-@pytest.mark.parametrize("data, match", [
-    ([], r"the top level: got 'list', expected a JSON object"),
-    ({"format": 2, "entries": []}, r"format: got 2, expected 1"),
-    ({"format": 1}, r"entries: got 'NoneType', expected a list"),
-    ({"format": 1, "entries": [entry(op="softmax")]}, r"entries\[0\]\.op: got 'softmax', expected one of gaussian_logprob"),
-    ({"format": 1, "entries": [entry(device="tpu")]}, r"entries\[0\]\.device: got 'tpu', expected one of cpu"),
-    ({"format": 1, "entries": [entry(lo=-1)]}, r"entries\[0\]\.min_elements: got -1, expected an integer >= 0"),
-    ({"format": 1, "entries": [entry(lo=10, hi=10)]}, r"entries\[0\]\.max_elements: got 10, expected null .* > min_elements"),
-    ({"format": 1, "entries": [entry(order=[])]}, r"entries\[0\]\.order: got \[\], expected a non-empty list"),
-    ({"format": 1, "entries": [entry(order=["cpp", "cpp"])]}, r"entries\[0\]\.order: .* distinct backends"),
-    ({"format": 1, "entries": [entry(order=["fast"])]}, r"entries\[0\]\.order: got \['fast'\]"),
-    ({"format": 1, "entries": [entry(hi=100), entry(lo=50)]}, r"entries\[1\] \(gaussian_logprob on cpu\): .* overlaps \[0, 100\]"),
-])
+@pytest.mark.parametrize(
+    "data, match",
+    [
+        ([], r"the top level: got 'list', expected a JSON object"),
+        ({"format": 2, "entries": []}, r"format: got 2, expected 1"),
+        ({"format": 1}, r"entries: got 'NoneType', expected a list"),
+        ({"format": 1, "entries": [entry(op="softmax")]}, r"entries\[0\]\.op: got 'softmax', expected one of gaussian_logprob"),
+        ({"format": 1, "entries": [entry(device="tpu")]}, r"entries\[0\]\.device: got 'tpu', expected one of cpu"),
+        ({"format": 1, "entries": [entry(lo=-1)]}, r"entries\[0\]\.min_elements: got -1, expected an integer >= 0"),
+        ({"format": 1, "entries": [entry(lo=10, hi=10)]}, r"entries\[0\]\.max_elements: got 10, expected null .* > min_elements"),
+        ({"format": 1, "entries": [entry(order=[])]}, r"entries\[0\]\.order: got \[\], expected a non-empty list"),
+        ({"format": 1, "entries": [entry(order=["cpp", "cpp"])]}, r"entries\[0\]\.order: .* distinct backends"),
+        ({"format": 1, "entries": [entry(order=["fast"])]}, r"entries\[0\]\.order: got \['fast'\]"),
+        ({"format": 1, "entries": [entry(hi=100), entry(lo=50)]}, r"entries\[1\] \(gaussian_logprob on cpu\): .* overlaps \[0, 100\]"),
+    ],
+)
 def test_bad_tables_give_errors_naming_the_field(tmp_path, data, match):
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(data))
@@ -154,18 +165,23 @@ def test_unreadable_tables(tmp_path):
 # ------------------------------------------------------------------ --write-table
 def bench_report(gpu: str | None, speedups: dict[tuple, dict[str, float]]) -> dict:
     device = "cuda" if gpu else "cpu"
-    rows = [{"op": op, "size": "s", "dims": list(dims), "mode": "forward", "impl": impl, "device": device, "speedup": s}
-            for (op, dims), impls in speedups.items() for impl, s in impls.items()]
+    rows = [
+        {"op": op, "size": "s", "dims": list(dims), "mode": "forward", "impl": impl, "device": device, "speedup": s}
+        for (op, dims), impls in speedups.items()
+        for impl, s in impls.items()
+    ]
     return {"machine": {"device": device, **({"gpu": gpu} if gpu else {})}, "rows": rows}
 
 
 def test_write_table_ranks_backends_and_splits_sizes(tmp_path):
     small, large = (3, 4, 1024, 16), (10, 64, 1024, 16)
-    report = bench_report("NVIDIA H200", {
-        ("gaussian_logprob", small): {"eager": 1.0, "compile": 0.8, "margrpo[triton]": 0.7, "margrpo[cuda]": 1.4,
-                                      "kernel[cuda]": 2.3},
-        ("gaussian_logprob", large): {"eager": 1.0, "compile": 1.9, "margrpo[triton]": 1.7, "margrpo[cuda]": 1.6},
-    })
+    report = bench_report(
+        "NVIDIA H200",
+        {
+            ("gaussian_logprob", small): {"eager": 1.0, "compile": 0.8, "margrpo[triton]": 0.7, "margrpo[cuda]": 1.4, "kernel[cuda]": 2.3},
+            ("gaussian_logprob", large): {"eager": 1.0, "compile": 1.9, "margrpo[triton]": 1.7, "margrpo[cuda]": 1.6},
+        },
+    )
     path = tmp_path / "t.json"
     bench_table.write(path, [report], ["test"], assume_for=("nvidia-h100",))
     table = _table.load(path)
@@ -203,15 +219,17 @@ def test_write_table_ranks_backends_and_splits_sizes(tmp_path):
 
 def test_verdicts_say_where_no_backend_beats_eager_or_compile():
     small = (3, 4, 1024, 16)
-    rows = bench_report("NVIDIA H200", {
-        ("gaussian_logprob", small): {"eager": 1.0, "compile": 1.9, "margrpo[cuda]": 1.6},
-        ("consistency_mask", small): {"eager": 1.0, "compile": 0.5, "margrpo[cuda]": 0.9},
-        ("grpo_surrogate", small): {"eager": 1.0, "compile": 1.5, "margrpo[cuda]": 2.0},
-    })["rows"]
+    rows = bench_report(
+        "NVIDIA H200",
+        {
+            ("gaussian_logprob", small): {"eager": 1.0, "compile": 1.9, "margrpo[cuda]": 1.6},
+            ("consistency_mask", small): {"eager": 1.0, "compile": 0.5, "margrpo[cuda]": 0.9},
+            ("grpo_surrogate", small): {"eager": 1.0, "compile": 1.5, "margrpo[cuda]": 2.0},
+        },
+    )["rows"]
     lines = bench_table.verdicts(rows)
     assert lines == [
-        "gaussian_logprob s [3x4x1024x16] forward: no margrpo backend beats torch.compile (best margrpo[cuda] 1.60x eager, "
-        "compile 1.90x)",
+        "gaussian_logprob s [3x4x1024x16] forward: no margrpo backend beats torch.compile (best margrpo[cuda] 1.60x eager, compile 1.90x)",
         "consistency_mask s [3x4x1024x16] forward: no margrpo backend beats eager (best margrpo[cuda] 0.90x eager)",
     ]
 
@@ -220,8 +238,23 @@ def test_verdicts_say_where_no_backend_beats_eager_or_compile():
 def test_bench_ops_write_table_end_to_end(tmp_path):
     """A real (quick) CPU run of `margrpo bench ops --write-table` writes a table auto can follow."""
     path, report = tmp_path / "t.json", tmp_path / "r.json"
-    argv = ["-m", "margrpo.bench.ops", "--device", "cpu", "--quick", "--ops", "grpo_surrogate", "--modes", "forward",
-            "--tokens", "256", "--json", str(report), "--write-table", str(path)]
+    argv = [
+        "-m",
+        "margrpo.bench.ops",
+        "--device",
+        "cpu",
+        "--quick",
+        "--ops",
+        "grpo_surrogate",
+        "--modes",
+        "forward",
+        "--tokens",
+        "256",
+        "--json",
+        str(report),
+        "--write-table",
+        str(path),
+    ]
     done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "backend table: 1 entries written" in done.stdout
@@ -230,7 +263,11 @@ def test_bench_ops_write_table_end_to_end(tmp_path):
     assert order is not None and set(order) == {"cpp", "torch"}
     # the saved report gives the same table
     again = tmp_path / "again.json"
-    done = subprocess.run([sys.executable, "-m", "margrpo.bench.ops", "--from-json", str(report), "--write-table", str(again)],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "margrpo.bench.ops", "--from-json", str(report), "--write-table", str(again)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(again.read_text())["entries"] == json.loads(path.read_text())["entries"]

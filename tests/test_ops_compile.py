@@ -4,6 +4,7 @@ The default compiler here is aot_eager: it traces with Dynamo and AOTAutograd (f
 registrations, guards), which is what the ops must support, without Inductor's C++ build time.
 One Inductor run is marked slow.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -95,8 +96,7 @@ def test_backend_choice_is_guarded(gen, monkeypatch):
     monkeypatch.setattr(reference, "gaussian_logprob_fwd", spy)
     _kernels.find.cache_clear()  # the kernels are looked up (and cached) by name
     try:
-        fn = torch.compile(lambda x, s: ops.gaussian_logprob(x, x, s, check_std=False), fullgraph=True,
-                           backend="aot_eager")
+        fn = torch.compile(lambda x, s: ops.gaussian_logprob(x, x, s, check_std=False), fullgraph=True, backend="aot_eager")
         checked = torch.compile(lambda x, s: ops.gaussian_logprob(x, x, s), fullgraph=True, backend="aot_eager")
         x, bad_std = randn(gen, 2, 3), torch.tensor([[1.0], [-1.0]], dtype=torch.float64)
         for name in ("torch", "cpp"):

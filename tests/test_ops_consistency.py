@@ -1,4 +1,5 @@
 """ops.consistency_mask on every backend: cos(cur, final) - cos(prev, final) > threshold."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """ops.gaussian_logprob on every backend against a float64 closed form, its gradients, policy and errors."""
+
 from __future__ import annotations
 
 import math
@@ -23,6 +24,7 @@ def expected_logprob(x, mean, std, reduce):
 
 def make_std(form, gen, rows, C, dtype, device, low=0.5, high=2.0):
     """A positive std in one of the accepted forms, log-uniform in [low, high]."""
+
     def draw(shape):
         u = torch.rand(shape, generator=gen, dtype=torch.float64)
         return torch.exp(math.log(low) + u * (math.log(high) - math.log(low))).to(device=device, dtype=dtype)

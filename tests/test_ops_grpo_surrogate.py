@@ -1,4 +1,5 @@
 """ops.grpo_surrogate on every backend against a plain PyTorch PPO written here."""
+
 from __future__ import annotations
 
 import pytest
@@ -112,7 +113,7 @@ def test_non_contiguous_and_mixed_dtype_inputs(backend, gen):
     backend.require(MODULE, KERNEL)
     dev, T, B, L = backend.device, 3, 4, 6
     logp = randn(gen, T, L, B, dtype=F32, device=dev).transpose(1, 2).detach().requires_grad_()  # [T, B, L] view
-    old = (logp.detach().double() + randn(gen, T, B, L, device=dev, scale=0.3))  # float64 beside float32
+    old = logp.detach().double() + randn(gen, T, B, L, device=dev, scale=0.3)  # float64 beside float32
     advantages = randn(gen, 2 * B, device=dev)[::2]
     mask = (torch.rand(L, B, generator=gen) > 0.3).to(dev).t()
     mte = (torch.rand(L, B, generator=gen) > 0.5).to(dev).t()

@@ -1,6 +1,7 @@
 """The two routes from a public op to its kernels (see margrpo/ops/_kernels.py): direct calls in
 eager mode, and the torch.library custom op under torch.compile, dispatch modes and torch.func.
 Both are checked against the float64 expectations of the op test files, on every backend."""
+
 from __future__ import annotations
 
 import importlib
@@ -22,13 +23,20 @@ from margrpo.ops import _kernels, reference
 
 pytestmark = pytest.mark.usefixtures("poison_uninitialized")
 F64, F32 = torch.float64, torch.float32
+
+
 # every public op's FusedOp (margrpo/ops/_factory.py), which holds its custom ops
 def _module(name: str):
     return importlib.import_module(f"margrpo.ops.{name}")  # (margrpo.ops.<name> is the public function)
 
 
-FUSED_OPS = [_module("gaussian_logprob")._OP, _module("trajectory_std")._OP, *_module("topk")._OPS.values(),
-             _module("consistency")._OP, _module("grpo_surrogate")._OP]
+FUSED_OPS = [
+    _module("gaussian_logprob")._OP,
+    _module("trajectory_std")._OP,
+    *_module("topk")._OPS.values(),
+    _module("consistency")._OP,
+    _module("grpo_surrogate")._OP,
+]
 
 
 @dataclass
@@ -99,9 +107,7 @@ def test_consistency_mask(backend, path, gen):
     path.check_taken()
 
 
-@pytest.mark.parametrize(
-    "float_mask, aggregation", [(False, "token_mean"), (True, "token_mean"), (True, "sample_mean")]
-)
+@pytest.mark.parametrize("float_mask, aggregation", [(False, "token_mean"), (True, "token_mean"), (True, "sample_mean")])
 def test_grpo_surrogate(backend, path, gen, float_mask, aggregation):
     backend.require(grpo_tests.MODULE, grpo_tests.KERNEL)
     dev, T, B, L = backend.device, 3, 4, 9

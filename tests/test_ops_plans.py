@@ -1,6 +1,7 @@
 """The public ops remember what their metadata checks derived per call signature (shapes, dtypes,
 devices, options): a repeated call skips those checks, but never the checks of values, and a
 signature that failed is not remembered."""
+
 from __future__ import annotations
 
 import importlib
@@ -55,8 +56,7 @@ def test_signatures_that_differ_in_dtype_layout_or_std_kind_each_get_their_own_p
     std = torch.rand(3, 5, 4, generator=g, dtype=torch.float64) + 0.5
     for s in (std, std[..., :1], 0.7, std[0, 0]):  # per element, per row, a python float, 0-d
         per_element = torch.as_tensor(s, dtype=torch.float64).expand(3, 5, 4).reshape(15, 4)
-        want = reference.gaussian_logprob_fwd(x.reshape(15, 4), mean.reshape(15, 4), per_element,
-                                              reference.REDUCE_SUM).reshape(3, 5)
+        want = reference.gaussian_logprob_fwd(x.reshape(15, 4), mean.reshape(15, 4), per_element, reference.REDUCE_SUM).reshape(3, 5)
         for xs, ms in ((x, mean), (x.float(), mean.float())):
             got = ops.gaussian_logprob(xs, ms, s)
             wide_inputs = xs.dtype == torch.float64 or isinstance(s, torch.Tensor)  # std is float64 too
@@ -65,8 +65,7 @@ def test_signatures_that_differ_in_dtype_layout_or_std_kind_each_get_their_own_p
     # a non-contiguous input of a remembered signature
     wide = torch.randn(3, 5, 8, generator=g, dtype=torch.float64)
     strided = wide[..., ::2]
-    torch.testing.assert_close(ops.gaussian_logprob(strided, mean, std),
-                               ops.gaussian_logprob(strided.contiguous(), mean, std))
+    torch.testing.assert_close(ops.gaussian_logprob(strided, mean, std), ops.gaussian_logprob(strided.contiguous(), mean, std))
     # trajectory_std and consistency_mask: a 1-d remainder and 0-d outputs
     assert ops.trajectory_std(torch.randn(3, 4, generator=g)).shape == ()
     assert ops.consistency_mask(*torch.randn(3, 6, generator=g)).shape == ()

@@ -1,4 +1,5 @@
 """ops.topk_mask / ops.topk_indices on every backend: exact k per row, ties to the lower index."""
+
 from __future__ import annotations
 
 import pytest

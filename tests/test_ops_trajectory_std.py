@@ -1,4 +1,5 @@
 """ops.trajectory_std on every backend against float64 torch.std, its gradient, edge cases and errors."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,6 +1,7 @@
 """What a wheel of margrpo contains, checked from the source tree in a second (CI also builds and
 installs one: scripts/wheel_smoke.sh). setuptools' find_packages only finds directories with an
 __init__.py, and package_data only ships files its globs match."""
+
 from __future__ import annotations
 
 import ast
@@ -59,8 +60,7 @@ def test_the_top_level_kernels_folder_is_no_package():
     there would import as `kernels` and shadow the PyPI package that transformers and peft import."""
     assert not (ROOT / "kernels" / "__init__.py").exists()
     assert (ROOT / "margrpo" / "kernels" / "__init__.py").is_file()
-    code = ("import importlib.util, margrpo.kernels; "
-            "print(importlib.util.find_spec('margrpo.kernels.topk').origin)")
+    code = "import importlib.util, margrpo.kernels; print(importlib.util.find_spec('margrpo.kernels.topk').origin)"
     out = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True, check=True).stdout
     assert Path(out.strip()).resolve() == (ROOT / "kernels" / "topk.py").resolve()
 
@@ -70,8 +70,10 @@ def test_peft_and_transformers_import_from_the_checkout_root():
     for name in ("peft", "transformers"):
         if importlib.util.find_spec(name) is None:
             pytest.skip(f"{name} is not installed")
-    code = ("import peft, kernels; from transformers import CLIPModel; import os; "
-            "assert os.path.dirname(kernels.__file__ or '') != os.path.abspath('kernels'), kernels.__file__")
+    code = (
+        "import peft, kernels; from transformers import CLIPModel; import os; "
+        "assert os.path.dirname(kernels.__file__ or '') != os.path.abspath('kernels'), kernels.__file__"
+    )
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-2000:]
 
@@ -79,8 +81,9 @@ def test_peft_and_transformers_import_from_the_checkout_root():
 def test_the_wheel_gets_margrpo_kernels_from_the_top_level_folder(tmp_path):
     """setup.py's build_py (what a wheel holds) copies kernels/*.py beside margrpo/kernels/__init__.py."""
     env = {**os.environ, "MARGRPO_NO_EXTENSION": "1"}
-    subprocess.run([sys.executable, "setup.py", "-q", "build_py", "--build-lib", str(tmp_path)], cwd=ROOT, env=env,
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "setup.py", "-q", "build_py", "--build-lib", str(tmp_path)], cwd=ROOT, env=env, check=True, capture_output=True
+    )
     built = {p.name for p in (tmp_path / "margrpo" / "kernels").glob("*.py")}
     assert built == {"__init__.py"} | {p.name for p in (ROOT / "kernels").glob("*.py")}
     assert not (tmp_path / "kernels").exists()

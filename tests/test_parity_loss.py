@@ -28,6 +28,7 @@ compared (relative 1e-6).
 Each test switches on one point of the reference's update, so a failure names the term; each also
 checks that the library default differs, so the comparison can fail.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -67,8 +68,15 @@ class Case:
         counts, mask_steps = SCHEDULES[model]
         K = SEEDS[model]
         T, M = K + 1, len(mask_steps)
-        config = RolloutConfig(num_mask_steps=len(counts), schedule=model, num_seeds=K, record_mask_steps=M,
-                               record_diffusion_steps=R, likelihood_positions="unknown", known_mask=DIRECTIONS[model])
+        config = RolloutConfig(
+            num_mask_steps=len(counts),
+            schedule=model,
+            num_seeds=K,
+            record_mask_steps=M,
+            record_diffusion_steps=R,
+            likelihood_positions="unknown",
+            known_mask=DIRECTIONS[model],
+        )
         plan = RecordPlan(mask_steps, tuple((1, 3) for _ in mask_steps))
         order = torch.stack([torch.randperm(N, generator=gen) for _ in range(B)])
 
@@ -76,11 +84,24 @@ class Case:
             return torch.randn(*shape, generator=gen, dtype=torch.float64)
 
         shell = Rollout(
-            prompts=["p"] * B, seeds=torch.arange(B), order=order, tokens=randn(B, N, C), seed_tokens=randn(K, B, N, C),
-            images=torch.zeros(B, 3, 2, 2, dtype=torch.float64), x_t=randn(T, B, 0, C), x_prev=randn(T, B, 0, C),
-            mean=randn(T, B, 0, C), std=randn(T, B, 0, C), logp=randn(T, B, 0), pred_clean=randn(B, M, N, C),
-            pred_clean_prev=randn(B, M, N, C), reveal_counts=tuple(counts), plan=plan, cfg_scales=(1.0,) * M,
-            config=config, sampler=None,
+            prompts=["p"] * B,
+            seeds=torch.arange(B),
+            order=order,
+            tokens=randn(B, N, C),
+            seed_tokens=randn(K, B, N, C),
+            images=torch.zeros(B, 3, 2, 2, dtype=torch.float64),
+            x_t=randn(T, B, 0, C),
+            x_prev=randn(T, B, 0, C),
+            mean=randn(T, B, 0, C),
+            std=randn(T, B, 0, C),
+            logp=randn(T, B, 0),
+            pred_clean=randn(B, M, N, C),
+            pred_clean_prev=randn(B, M, N, C),
+            reveal_counts=tuple(counts),
+            plan=plan,
+            cfg_scales=(1.0,) * M,
+            config=config,
+            sampler=None,
         )
         L = sum(shell.step_positions_count(j) for j in range(M)) * R
         x_prev = randn(T, B, L, C)
@@ -91,8 +112,7 @@ class Case:
             std = 0.2 + 0.3 * torch.rand(T, B, L, C, generator=gen, dtype=torch.float64)
         recorded_mean = x_prev + std * randn(T, B, L, C)
         logp = torch.distributions.Normal(recorded_mean, std).log_prob(x_prev).sum(-1)
-        self.rollout = dataclasses.replace(shell, x_t=randn(T, B, L, C), x_prev=x_prev, mean=recorded_mean, std=std,
-                                           logp=logp)
+        self.rollout = dataclasses.replace(shell, x_t=randn(T, B, L, C), x_prev=x_prev, mean=recorded_mean, std=std, logp=logp)
         # the current policy's means and (learned-range) std as functions of theta; the reference model's means
         self.policy = torch.nn.Module()
         self.policy.theta = torch.nn.Parameter(torch.zeros(T, B, L, C, dtype=torch.float64))
@@ -147,8 +167,9 @@ class Case:
 
         torch.manual_seed(selection_seed)
         with mock.patch.object(policy_update, "likelihood", self._likelihood):
-            result = policy_update.update(self.policy, self.reference, self.rollout, advantages, self.config.grpo,
-                                          Capture(), grad_clip=math.inf)
+            result = policy_update.update(
+                self.policy, self.reference, self.rollout, advantages, self.config.grpo, Capture(), grad_clip=math.inf
+            )
         assert result.skipped is None
         return grads, result.metrics["loss"]
 
@@ -240,7 +261,7 @@ def reference_losses(case: Case, *, mte: bool, consistency: bool, beta: float, s
         likelihood_tokens = torch.zeros(B, N, dtype=torch.bool).scatter(1, r.positions(j), True)
         committed = torch.zeros(B, N, dtype=torch.bool)
         start = r.step_start(j)
-        committed.scatter_(1, r.order[:, start:start + r.step_revealed(j)], True)
+        committed.scatter_(1, r.order[:, start : start + r.step_revealed(j)], True)
         cm = position_mask(case, likelihood_tokens)
         std = torch.where(std > 0, std, torch.ones_like(std))  # outside the positions (masked out anyway)
         lp = -((x_prev - mean) ** 2) / (2 * std**2) - std.log() - 0.5 * math.log(2 * math.pi)  # [R, T, B, ...]
@@ -279,8 +300,7 @@ def assert_updates_match(ours, reference):
     for u, (grad, ref_grad) in enumerate(zip(grads, ref_grads)):
         scale = ref_grad.abs().max()
         assert scale > 0, f"update {u}: the reference gradient is 0, the comparison would check nothing"
-        torch.testing.assert_close(grad, ref_grad, rtol=RTOL, atol=RTOL * float(scale),
-                                   msg=lambda m: f"update {u} gradient: {m}")
+        torch.testing.assert_close(grad, ref_grad, rtol=RTOL, atol=RTOL * float(scale), msg=lambda m: f"update {u} gradient: {m}")
     assert loss == pytest.approx(ref_loss, rel=RTOL, abs=RTOL), "summed loss value"
 
 
@@ -366,8 +386,7 @@ def test_per_mask_step_normalisation_one_update_each(model):
 
 def test_nova_top_k_per_pixel_with_one_random_pixel():
     """6a. NOVA ranks latent pixels (not tokens) and ORs in one random pixel."""
-    assert_point("nova", only(mte=True), ["grpo.pixels_per_token=1", "grpo.mte_random_positions=0"],
-                 mte=True, consistency=False, beta=0.0)
+    assert_point("nova", only(mte=True), ["grpo.pixels_per_token=1", "grpo.mte_random_positions=0"], mte=True, consistency=False, beta=0.0)
 
 
 def test_nova_consistency_per_pixel():
@@ -380,8 +399,7 @@ def test_reference_top_k_count_when_ratio_times_positions_is_below_one(model, ra
     """The reference's top-k count max(1, int(ratio * n)): with ratio * n < 1 (NOVA: 0.64 of 64
     pixels; Harmon: 0.8 of 16 tokens) it still takes the most uncertain position, where the default
     floor takes none."""
-    assert_point(model, only(mte=True) + [f"grpo.mte_ratio={ratio}"], ["grpo.mte_k=floor"],
-                 mte=True, consistency=False, beta=0.0)
+    assert_point(model, only(mte=True) + [f"grpo.mte_ratio={ratio}"], ["grpo.mte_k=floor"], mte=True, consistency=False, beta=0.0)
 
 
 def test_harmon_consistency_per_token():
@@ -410,12 +428,25 @@ def _captured_gradient(tmp_path, checkpoint, *extra) -> dict[str, torch.Tensor]:
     """The summed gradients of one train step of the tiny model (lr 0, so every update sees the
     same policy), with the given options."""
     overrides = [
-        f"backbone.checkpoint={checkpoint}", f"run.out_dir={tmp_path / 'run'}", "run.tensorboard=false",
-        "run.eval_every=0", "run.save_every=0", "run.threads=1", "rollout.num_mask_steps=4",
-        "rollout.record_mask_steps=2", "rollout.record_diffusion_steps=2", "rollout.num_seeds=2",
-        "rollout.likelihood_positions=unknown", "grpo.group_size=4", "grpo.prompts_per_step=1",
-        "grpo.objective=reinforce", "grpo.kl_beta=0.1", "rewards={jpeg_incompressibility: 1.0}", "optim.lr=0",
-        "optim.grad_clip=1e9", *extra,
+        f"backbone.checkpoint={checkpoint}",
+        f"run.out_dir={tmp_path / 'run'}",
+        "run.tensorboard=false",
+        "run.eval_every=0",
+        "run.save_every=0",
+        "run.threads=1",
+        "rollout.num_mask_steps=4",
+        "rollout.record_mask_steps=2",
+        "rollout.record_diffusion_steps=2",
+        "rollout.num_seeds=2",
+        "rollout.likelihood_positions=unknown",
+        "grpo.group_size=4",
+        "grpo.prompts_per_step=1",
+        "grpo.objective=reinforce",
+        "grpo.kl_beta=0.1",
+        "rewards={jpeg_incompressibility: 1.0}",
+        "optim.lr=0",
+        "optim.grad_clip=1e9",
+        *extra,
     ]
     trainer = Trainer(load_config(None, overrides))
     captured, original_step = {}, trainer.optimizer.step
@@ -445,11 +476,21 @@ def test_pixel_positions_and_recorded_std_on_a_real_rollout(tmp_path, tiny_check
         assert other.keys() == tokens.keys()
         for name in tokens:
             torch.testing.assert_close(other[name], tokens[name], rtol=1e-4, atol=1e-7, msg=lambda m: f"{extra}: {name}: {m}")
-    everything = ["grpo.pixels_per_token=4", "grpo.likelihood_std=recorded_main", "grpo.mte=true",
-                  "grpo.mte_include_rollout=false", "grpo.mte_k=reference", "grpo.mte_random_positions=1",
-                  "grpo.consistency=true", "grpo.consistency_start_step=1", "grpo.normalization=update",
-                  "grpo.minibatch_over=mask_steps", "grpo.minibatches=2", "grpo.advantage_std=unbiased",
-                  "grpo.kl_type=parity_mean_k3"]
+    everything = [
+        "grpo.pixels_per_token=4",
+        "grpo.likelihood_std=recorded_main",
+        "grpo.mte=true",
+        "grpo.mte_include_rollout=false",
+        "grpo.mte_k=reference",
+        "grpo.mte_random_positions=1",
+        "grpo.consistency=true",
+        "grpo.consistency_start_step=1",
+        "grpo.normalization=update",
+        "grpo.minibatch_over=mask_steps",
+        "grpo.minibatches=2",
+        "grpo.advantage_std=unbiased",
+        "grpo.kl_type=parity_mean_k3",
+    ]
     assert _captured_gradient(tmp_path / "all", tiny_checkpoint, *everything)
 
 

@@ -1,5 +1,6 @@
 """The sampler builders follow NOVA's and diffusers' own scheduler semantics where the reference code
 relies on them, and the reference's top-k count: each formula written out here in float64."""
+
 from __future__ import annotations
 
 import math
@@ -37,6 +38,7 @@ def test_nova_ddpm_never_clips_the_predicted_x0():
 def test_nova_flow_shift_keeps_the_config_range():
     """NOVA: sigma_min = s0(1/N) at construction (the config's shift s0), sampling sigmas
     s1(linspace(1, sigma_min, T)) with the pipeline's flow_shift s1 (set_shift), then 0."""
+
     def shifted(sigma, s):
         return s * sigma / (1 + (s - 1) * sigma)
 
@@ -70,9 +72,9 @@ def test_learned_range_with_steps_offset_floors_like_diffusers():
     i = 3
     post = sampler.posterior_variance[i]
     f = (out[:, 4:] + 1) / 2
-    torch.testing.assert_close(sampler.mean_std(out, x, i)[1],
-                               torch.exp(0.5 * (f * math.log(sampler.betas[i]) + (1 - f) * math.log(post))),
-                               rtol=1e-12, atol=0)
+    torch.testing.assert_close(
+        sampler.mean_std(out, x, i)[1], torch.exp(0.5 * (f * math.log(sampler.betas[i]) + (1 - f) * math.log(post))), rtol=1e-12, atol=0
+    )
 
 
 def test_reference_top_k_count_is_at_least_one():

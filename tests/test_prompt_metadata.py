@@ -1,6 +1,7 @@
 """JSONL prompt files with per-prompt metadata (margrpo.prompt_files): reading, errors naming file, line
 and key, the reward metadata derived from them, the trainer passing it to the rewards, rewards that
 need metadata refusing a call without it, and the trainer's warning on a reward flat within every group."""
+
 from __future__ import annotations
 
 import json
@@ -10,8 +11,14 @@ import torch
 
 from conftest import make_small_trainer, make_tiny_checkpoint
 from margrpo.config import ConfigError
-from margrpo.prompt_files import (PromptFileError, PromptRecord, prompts_and_metadata, read_prompt_records,
-                                  reward_metadata, write_prompt_records)
+from margrpo.prompt_files import (
+    PromptFileError,
+    PromptRecord,
+    prompts_and_metadata,
+    read_prompt_records,
+    reward_metadata,
+    write_prompt_records,
+)
 from margrpo.rewards import MissingMetadataError, Reward, build_reward, register, synthetic
 from margrpo.sample import read_prompts
 from margrpo.train.trainer import Trainer
@@ -19,9 +26,12 @@ from margrpo.train.trainer import Trainer
 LINES = [
     {"prompt": "a red square", "tag": "colors", "objects": [{"class": "square", "color": "red"}]},
     {"prompt": "two blue circles", "tag": "counting", "objects": [{"class": "circle", "count": 2, "color": "blue"}]},
-    {"prompt": "a red square left of a blue circle", "tag": "position",
-     "objects": [{"class": "square", "color": "red"}, {"class": "circle", "color": "blue"}],
-     "position": {"subject": "square", "relation": "left of", "object": "circle"}},
+    {
+        "prompt": "a red square left of a blue circle",
+        "tag": "position",
+        "objects": [{"class": "square", "color": "red"}, {"class": "circle", "color": "blue"}],
+        "position": {"subject": "square", "relation": "left of", "object": "circle"},
+    },
     {"prompt": "a green triangle and a red circle", "objects": [{"class": "triangle"}, {"class": "circle"}]},
 ]
 
@@ -61,25 +71,35 @@ def test_plain_text_files_keep_working_and_carry_no_metadata(tmp_path):
     assert read_prompts(write_jsonl(tmp_path / "s.jsonl", LINES[:2])) == ["a red square", "two blue circles"]
 
 
-@pytest.mark.parametrize("line, message", [
-    ("{not json", "not a JSON object"),
-    ('["a list"]', "got list, expected a JSON object"),
-    ({"text": "a cat"}, "key 'text': unknown"),
-    ({"prompt": ""}, "key 'prompt': got '', expected a non-empty string"),
-    ({"prompt": "x", "tag": 3}, "key 'tag': got 3"),
-    ({"prompt": "x", "objects": {"class": "cat"}}, "key 'objects': got"),
-    ({"prompt": "x", "objects": [{"class": "cat", "count": 0}]}, "key 'objects'[0]['count']: got 0, expected an integer >= 1"),
-    ({"prompt": "x", "objects": [{"class": "cat", "count": True}]}, "key 'objects'[0]['count']: got True"),
-    ({"prompt": "x", "objects": [{"cls": "cat"}]}, "key 'objects'[0]['cls']: unknown"),
-    ({"prompt": "x", "objects": [{"class": "cat"}, {"class": "dog", "color": ""}]}, "key 'objects'[1]['color']"),
-    ({"prompt": "x", "objects": [{"class": "cat"}], "position": {"subject": "cat", "relation": "left of",
-                                                                 "object": "dog"}},
-     "key 'position'['object']: got 'dog', expected one of the 'objects' classes (cat)"),
-    ({"prompt": "x", "objects": [{"class": "cat"}, {"class": "dog"}],
-      "position": {"subject": "cat", "relation": "inside", "object": "dog"}}, "key 'position'['relation']: got 'inside'"),
-    ({"prompt": "x", "position": ["cat", "left of", "dog"]}, "key 'position': got"),
-    ({"prompt": "x", "nouns": "cat"}, "key ['nouns']: got 'cat', expected a list of strings"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("{not json", "not a JSON object"),
+        ('["a list"]', "got list, expected a JSON object"),
+        ({"text": "a cat"}, "key 'text': unknown"),
+        ({"prompt": ""}, "key 'prompt': got '', expected a non-empty string"),
+        ({"prompt": "x", "tag": 3}, "key 'tag': got 3"),
+        ({"prompt": "x", "objects": {"class": "cat"}}, "key 'objects': got"),
+        ({"prompt": "x", "objects": [{"class": "cat", "count": 0}]}, "key 'objects'[0]['count']: got 0, expected an integer >= 1"),
+        ({"prompt": "x", "objects": [{"class": "cat", "count": True}]}, "key 'objects'[0]['count']: got True"),
+        ({"prompt": "x", "objects": [{"cls": "cat"}]}, "key 'objects'[0]['cls']: unknown"),
+        ({"prompt": "x", "objects": [{"class": "cat"}, {"class": "dog", "color": ""}]}, "key 'objects'[1]['color']"),
+        (
+            {"prompt": "x", "objects": [{"class": "cat"}], "position": {"subject": "cat", "relation": "left of", "object": "dog"}},
+            "key 'position'['object']: got 'dog', expected one of the 'objects' classes (cat)",
+        ),
+        (
+            {
+                "prompt": "x",
+                "objects": [{"class": "cat"}, {"class": "dog"}],
+                "position": {"subject": "cat", "relation": "inside", "object": "dog"},
+            },
+            "key 'position'['relation']: got 'inside'",
+        ),
+        ({"prompt": "x", "position": ["cat", "left of", "dog"]}, "key 'position': got"),
+        ({"prompt": "x", "nouns": "cat"}, "key ['nouns']: got 'cat', expected a list of strings"),
+    ],
+)
 def test_a_bad_line_is_an_error_naming_file_line_and_key(tmp_path, line, message):
     path = write_jsonl(tmp_path / "bad.jsonl", [LINES[0], line])
     with pytest.raises(PromptFileError) as err:
@@ -101,8 +121,7 @@ def test_rewards_scored_from_metadata_refuse_a_call_without_it(detector_weights)
     dino = build_reward("grounding_dino", device="cpu", **detector_weights["grounding_dino"])
     with pytest.raises(MissingMetadataError, match="grounding_dino: got no metadata.*jsonl prompt file"):
         dino(images, prompts)
-    scores = dino(images, prompts, [reward_metadata(r) for r in ({"objects": [{"class": "cat"}]},
-                                                                  {"objects": [{"class": "dog"}]})])
+    scores = dino(images, prompts, [reward_metadata(r) for r in ({"objects": [{"class": "cat"}]}, {"objects": [{"class": "dog"}]})])
     assert scores.shape == (2,)
     git = build_reward("git_vqa", device="cpu", **detector_weights["git_vqa"])
     with pytest.raises(MissingMetadataError, match="git_vqa: got no metadata"):
@@ -140,15 +159,23 @@ def tiny_checkpoint(tmp_path_factory):
 
 
 def make(tmp_path, checkpoint, *extra) -> Trainer:
-    return make_small_trainer(tmp_path, checkpoint, "rollout.num_mask_steps=2", "rollout.record_mask_steps=1",
-                              "rollout.record_diffusion_steps=1", "grpo.group_size=2", "grpo.prompts_per_step=2",
-                              *extra)
+    return make_small_trainer(
+        tmp_path,
+        checkpoint,
+        "rollout.num_mask_steps=2",
+        "rollout.record_mask_steps=1",
+        "rollout.record_diffusion_steps=1",
+        "grpo.group_size=2",
+        "grpo.prompts_per_step=2",
+        *extra,
+    )
 
 
 def test_the_trainer_passes_each_prompts_metadata_to_the_rewards(tmp_path, tiny_checkpoint):
     path = write_jsonl(tmp_path / "train.jsonl", LINES)
-    trainer = make(tmp_path, tiny_checkpoint, f"run.train_prompts={path}", f"run.eval_prompts={path}",
-                   "rewards={test_prompt_metadata_recorder: 1.0}")
+    trainer = make(
+        tmp_path, tiny_checkpoint, f"run.train_prompts={path}", f"run.eval_prompts={path}", "rewards={test_prompt_metadata_recorder: 1.0}"
+    )
     SEEN.clear()
     trainer.train_step()
     prompts, metadata = SEEN[-1]
@@ -167,8 +194,7 @@ def test_a_reward_needing_metadata_with_plain_prompts_fails_at_start(tmp_path, t
     jsonl = write_jsonl(tmp_path / "meta.jsonl", LINES)
     files = {"train_prompts": jsonl, "eval_prompts": jsonl, key: str(plain)}
     with pytest.raises(ConfigError) as err:
-        make(tmp_path, tiny_checkpoint, *(f"run.{k}={v}" for k, v in files.items()),
-             "rewards={test_prompt_metadata_recorder: 1.0}")
+        make(tmp_path, tiny_checkpoint, *(f"run.{k}={v}" for k, v in files.items()), "rewards={test_prompt_metadata_recorder: 1.0}")
     text = str(err.value)
     assert text.startswith(f"run.{key}: ") and "test_prompt_metadata_recorder" in text and str(plain) in text
 
@@ -180,8 +206,12 @@ def test_a_bad_jsonl_train_file_is_a_config_error_naming_the_line(tmp_path, tiny
 
 
 def test_a_reward_flat_in_every_group_is_reported_after_n_steps(tmp_path, tiny_checkpoint, capsys):
-    trainer = make(tmp_path, tiny_checkpoint, "rewards={test_prompt_metadata_constant: 1.0, flat_alias: "
-                   "{reward: test_prompt_metadata_constant, weight: 0.0}}", "run.flat_reward_warn_steps=2")
+    trainer = make(
+        tmp_path,
+        tiny_checkpoint,
+        "rewards={test_prompt_metadata_constant: 1.0, flat_alias: {reward: test_prompt_metadata_constant, weight: 0.0}}",
+        "run.flat_reward_warn_steps=2",
+    )
     for _ in range(3):
         metrics = trainer.train_step()
         trainer.step += 1
@@ -190,8 +220,7 @@ def test_a_reward_flat_in_every_group_is_reported_after_n_steps(tmp_path, tiny_c
     for name in ("test_prompt_metadata_constant", "flat_alias"):  # each term, once, at its second flat step
         assert err.count(f"reward {name!r} gave every group identical scores for 2 steps in a row") == 1
     assert trainer.flat_steps == {"test_prompt_metadata_constant": 3, "flat_alias": 3}
-    quiet = make(tmp_path, tiny_checkpoint, "rewards={test_prompt_metadata_constant: 1.0}",
-                 "run.flat_reward_warn_steps=0")
+    quiet = make(tmp_path, tiny_checkpoint, "rewards={test_prompt_metadata_constant: 1.0}", "run.flat_reward_warn_steps=0")
     quiet.train_step()
     quiet.step += 1
     quiet.train_step()

@@ -1,6 +1,7 @@
 """The head and backbone protocols checked on every implementation, the backbone registry, and the
 one loading path that lets `margrpo sample` and `margrpo eval` run every backbone (tiny random-init
 NOVA and Harmon presets on CPU)."""
+
 from __future__ import annotations
 
 import json
@@ -14,7 +15,13 @@ from margrpo.config import ConfigError
 from margrpo.conformance import protocol_mismatches
 from margrpo.heads import DiffusionHead, adapt, mar_head, nova_head
 from margrpo.models import (
-    BackboneConfig, MARBackbone, TinyMAR, available_backbones, backbone_loader, load_backbone, register_backbone,
+    BackboneConfig,
+    MARBackbone,
+    TinyMAR,
+    available_backbones,
+    backbone_loader,
+    load_backbone,
+    register_backbone,
 )
 from margrpo.models import harmon, nova
 from margrpo.sample import main as sample_main
@@ -106,7 +113,7 @@ def test_registry_lists_the_families_and_registers_new_ones(tmp_path):
     config = load_config(None, ["backbone.name=test-tiny-copy", "backbone.options={scale: 2.0}"])
     model = load_backbone(config.backbone)
     assert isinstance(model, TinyMAR) and not model.training
-    (checkpoint, device, dtype, scale), = calls
+    ((checkpoint, device, dtype, scale),) = calls
     assert checkpoint.name == "shapes-tiny" and (checkpoint / "model.safetensors").is_file()
     assert (device, dtype, scale) == (torch.device("cpu"), torch.float32, 2.0)
 
@@ -114,8 +121,11 @@ def test_registry_lists_the_families_and_registers_new_ones(tmp_path):
 def test_the_retired_model_section_names_the_new_keys(tmp_path):
     old = tmp_path / "old.yaml"
     old.write_text("model:\n  kind: tiny\n  path: checkpoints/shapes-tiny\n")
-    for load in (lambda: load_config(old), lambda: pretrain.main(["--config", str(old)]),
-                 lambda: sample_main(["--config", str(old), "--prompts", str(old), "--out", str(tmp_path)])):
+    for load in (
+        lambda: load_config(old),
+        lambda: pretrain.main(["--config", str(old)]),
+        lambda: sample_main(["--config", str(old), "--prompts", str(old), "--out", str(tmp_path)]),
+    ):
         with pytest.raises(ConfigError, match=r"model.path -> backbone.checkpoint.*model.arch -> pretrain.arch"):
             load()
 
@@ -144,13 +154,22 @@ SMALL_ROLLOUT = {"num_mask_steps": 3, "cfg_scale": 2.0, "num_seeds": 0, "record_
 
 def _config(tmp_path, name: str, checkpoint) -> Path:
     path = tmp_path / f"{name}.yaml"
-    path.write_text(json.dumps({  # JSON is YAML
-        "backbone": {"name": name, "checkpoint": str(checkpoint), "diffusion_steps": 3},
-        "rollout": SMALL_ROLLOUT,
-        "rewards": {"jpeg_incompressibility": 1.0},
-        "run": {"device": "cpu", "eval_per_category": 1, "eval_samples_per_prompt": 1, "tensorboard": False,
-                "out_dir": str(tmp_path / "run")},
-    }))
+    path.write_text(
+        json.dumps(
+            {  # JSON is YAML
+                "backbone": {"name": name, "checkpoint": str(checkpoint), "diffusion_steps": 3},
+                "rollout": SMALL_ROLLOUT,
+                "rewards": {"jpeg_incompressibility": 1.0},
+                "run": {
+                    "device": "cpu",
+                    "eval_per_category": 1,
+                    "eval_samples_per_prompt": 1,
+                    "tensorboard": False,
+                    "out_dir": str(tmp_path / "run"),
+                },
+            }
+        )
+    )
     return path
 
 
@@ -160,8 +179,12 @@ def test_sample_and_eval_run_every_backbone(name, tmp_path, capsys, nova_dir, ha
     config = _config(tmp_path, name, checkpoint)
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a photo of a cat\na red car\n")
-    assert sample_main(["--config", str(config), "--prompts", str(prompts), "--out", str(tmp_path / "out"),
-                        "--per-prompt", "2", "--device", "cpu"]) == 0
+    assert (
+        sample_main(
+            ["--config", str(config), "--prompts", str(prompts), "--out", str(tmp_path / "out"), "--per-prompt", "2", "--device", "cpu"]
+        )
+        == 0
+    )
     size = backbones[name].decode(torch.zeros(1, backbones[name].num_tokens, backbones[name].token_channels)).shape[-1]
     row = Image.open(tmp_path / "out" / "000.png")
     assert row.size == (2 * size * 4, size * 4 + 14) and (tmp_path / "out" / "001.png").is_file()

@@ -4,6 +4,7 @@ Slow (first run builds three venvs of about 6 GB each under $MARGRPO_ORACLE_CACH
 ~/.cache/margrpo-oracle) and skipped unless pytest is given --oracle:
     .venv/bin/python -m pytest -q -m oracle --oracle tests/test_reward_oracle.py
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -20,8 +21,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "reward_oracle.py"
 # the score on random weights; fed the processor's pixels, pickscore and aesthetic agree to float32
 # noise (test below). clipscore keeps a 5e-4 relative gap there (torchmetrics hands the processor a
 # uint8 tensor, not a PIL image; measured, not traced further).
-RELATIVE_TOLERANCE = {"hps": 1e-5, "image_reward": 3e-3, "clipscore": 3e-3, "git_vqa": 3e-3,
-                      "pickscore": 3e-3, "aesthetic": 3e-3}
+RELATIVE_TOLERANCE = {"hps": 1e-5, "image_reward": 3e-3, "clipscore": 3e-3, "git_vqa": 3e-3, "pickscore": 3e-3, "aesthetic": 3e-3}
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
 """margrpo.rewards without model weights: protocol, registry, weights errors, weighting, transforms, JPEG, shapes."""
+
 from __future__ import annotations
 
 import io
@@ -80,8 +81,19 @@ def test_to_unit_float_clamps_rounding_slack_only():
 
 # ---------------------------------------------------------------- registry
 def test_registry_builds_by_name_and_rejects_unknown_names_and_options():
-    assert {"hps", "image_reward", "pickscore", "clipscore", "aesthetic", "git_vqa", "grounding_dino",
-            "jpeg_compressibility", "jpeg_incompressibility", "shapes", "remote"} <= set(rewards.available_rewards())
+    assert {
+        "hps",
+        "image_reward",
+        "pickscore",
+        "clipscore",
+        "aesthetic",
+        "git_vqa",
+        "grounding_dino",
+        "jpeg_compressibility",
+        "jpeg_incompressibility",
+        "shapes",
+        "remote",
+    } <= set(rewards.available_rewards())
     reward = rewards.build_reward("jpeg_compressibility", quality=80)
     assert reward.quality == 80 and reward.name == "jpeg_compressibility"
     with pytest.raises(KeyError, match="unknown name 'nope'"):
@@ -116,8 +128,11 @@ def test_missing_weights_name_file_layout_and_source(tmp_path, monkeypatch):
 def test_a_file_where_a_directory_is_expected_names_the_option(tmp_path):
     (tmp_path / "weights.pt").write_bytes(b"x")
     spec = W.WeightsSpec("demo", "demo", "a directory with weights.pt", "https://example.org/demo", option="clip_path")
-    with pytest.raises(W.MissingWeightsError, match=r"option clip_path=.*weights\.pt is a file, expected a dir "
-                                                     r"\(expected layout: a directory with weights\.pt"):
+    with pytest.raises(
+        W.MissingWeightsError,
+        match=r"option clip_path=.*weights\.pt is a file, expected a dir "
+        r"\(expected layout: a directory with weights\.pt",
+    ):
         W.resolve(spec, tmp_path / "weights.pt", kind="dir")
     with pytest.raises(W.MissingWeightsError, match="option clip_path=.* is a directory, expected a file"):
         W.resolve(spec, tmp_path, kind="file")
@@ -170,20 +185,20 @@ def test_load_reporting_names_skipped_keys_and_refuses_missing_essentials(tmp_pa
         W.load_reporting(SPEC, net, {**partial, "extra": torch.zeros(1)}, tmp_path / "x.pt", essential_prefixes=("0.",))
     assert torch.equal(net[0].weight, source["0.weight"]) and torch.equal(net[1].bias, before)
     with pytest.raises(W.CorruptWeightsError, match="1 missing keys the score needs: 0.bias"):
-        W.load_reporting(SPEC, net, {k: v for k, v in source.items() if k != "0.bias"}, tmp_path / "x.pt",
-                         essential_prefixes=("0.",))
+        W.load_reporting(SPEC, net, {k: v for k, v in source.items() if k != "0.bias"}, tmp_path / "x.pt", essential_prefixes=("0.",))
     with pytest.raises(W.CorruptWeightsError, match=r"1 shape mismatches: 1.weight: file \(1, 5\)"):
-        W.load_reporting(SPEC, net, {**source, "1.weight": torch.zeros(1, 5)}, tmp_path / "x.pt",
-                         essential_prefixes=("0.",))
+        W.load_reporting(SPEC, net, {**source, "1.weight": torch.zeros(1, 5)}, tmp_path / "x.pt", essential_prefixes=("0.",))
 
 
 # ---------------------------------------------------------------- weighting
 def test_weighted_sum_raw_normalized_and_logging():
     images = random_images(batch=6)
-    mix = WeightedReward([
-        RewardTerm("a", Brightness(factor=1.0), weight=2.0),
-        RewardTerm("b", Brightness(factor=10.0), weight=0.5, normalize="batch"),
-    ])
+    mix = WeightedReward(
+        [
+            RewardTerm("a", Brightness(factor=1.0), weight=2.0),
+            RewardTerm("b", Brightness(factor=10.0), weight=0.5, normalize="batch"),
+        ]
+    )
     result = mix(images, ["p"] * 6)
     base = images.double().mean((1, 2, 3)) / 255
     torch.testing.assert_close(result.raw["a"], base.float())
@@ -210,15 +225,16 @@ def test_running_normalization_tracks_ema_statistics():
 
 def test_build_rewards_from_config(tmp_path):
     mix = rewards.build_rewards(
-        {"jpeg_compressibility": 1.0,
-         "big": {"reward": "jpeg_incompressibility", "weight": 0.25, "quality": 50, "normalize": "running"}},
-        device="cpu")
+        {"jpeg_compressibility": 1.0, "big": {"reward": "jpeg_incompressibility", "weight": 0.25, "quality": 50, "normalize": "running"}},
+        device="cpu",
+    )
     assert [t.name for t in mix.terms] == ["jpeg_compressibility", "big"]
     assert mix.terms[1].reward.quality == 50 and mix.terms[1].normalize == "running"
     images = random_images(batch=3, height=32, width=32)
     result = mix(images, ["p"] * 3)
-    torch.testing.assert_close(result.raw["big"], rewards.build_reward(
-        "jpeg_incompressibility", quality=50, device="cpu")(images, ["p"] * 3))
+    torch.testing.assert_close(
+        result.raw["big"], rewards.build_reward("jpeg_incompressibility", quality=50, device="cpu")(images, ["p"] * 3)
+    )
     with pytest.raises(ValueError, match="normalize got 'zscore'"):
         rewards.build_rewards({"jpeg_compressibility": {"normalize": "zscore"}}, device="cpu")
     with pytest.raises(TypeError, match="rewards.jpeg_compressibility: got 'x'"):
@@ -299,8 +315,10 @@ def test_resize_rules():
 
 def test_transform_from_hf_config(tmp_path):
     path = tmp_path / "preprocessor_config.json"
-    path.write_text('{"size": {"shortest_edge": 800, "longest_edge": 1333}, "resample": 2, '
-                    '"image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]}')
+    path.write_text(
+        '{"size": {"shortest_edge": 800, "longest_edge": 1333}, "resample": 2, '
+        '"image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]}'
+    )
     t = ImageTransform.from_hf_config(path)
     assert (t.size, t.max_size, t.mode, t.crop) == (800, 1333, "bilinear", None)
     path.write_text('{"size": {"height": 3}}')

@@ -1,6 +1,7 @@
 """Every weighted reward on a tiny random-init model of its real architecture, written to a temporary
 directory in the official checkpoint layout and key names, then loaded through the reward's own
 loading code. Compared with the documented pipeline (PIL preprocessing + the library's processors)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -35,9 +36,15 @@ def to_pil(images: torch.Tensor) -> list[Image.Image]:
 
 
 # ---------------------------------------------------------------- tiny checkpoints in official layouts
-NEEDS = {"hps": ["open_clip"], "image_reward": ["timm", "transformers"], "pickscore": ["transformers"],
-         "clipscore": ["transformers"], "aesthetic": ["transformers"], "git_vqa": ["transformers"],
-         "grounding_dino": ["transformers"]}
+NEEDS = {
+    "hps": ["open_clip"],
+    "image_reward": ["timm", "transformers"],
+    "pickscore": ["transformers"],
+    "clipscore": ["transformers"],
+    "aesthetic": ["transformers"],
+    "git_vqa": ["transformers"],
+    "grounding_dino": ["transformers"],
+}
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +83,7 @@ def test_shape_determinism_batching_and_input_types(built, name):
     scores = reward(images, PROMPTS, METADATA)
     assert scores.shape == (4,) and scores.dtype == torch.float32 and torch.isfinite(scores).all()
     torch.testing.assert_close(reward(images, PROMPTS, METADATA), scores, rtol=0, atol=0)  # deterministic
-    singles = torch.cat([reward(images[i:i + 1], PROMPTS[i:i + 1], METADATA[i:i + 1]) for i in range(4)])
+    singles = torch.cat([reward(images[i : i + 1], PROMPTS[i : i + 1], METADATA[i : i + 1]) for i in range(4)])
     torch.testing.assert_close(singles, scores, rtol=1e-4, atol=1e-5)  # batch of 4 == four batches of 1
     torch.testing.assert_close(reward(images.float() / 255, PROMPTS, METADATA), scores, rtol=1e-5, atol=1e-6)
 
@@ -104,10 +111,18 @@ def test_scores_depend_on_the_prompt(built, name):
     assert (a - b).abs().max() > 1e-4
 
 
-@pytest.mark.parametrize("name, spec_file", [
-    ("hps", "hps/HPS_v2.1_compressed.pt"), ("image_reward", "image_reward"), ("pickscore", "pickscore"),
-    ("clipscore", "clip-vit-large-patch14"), ("aesthetic", "aesthetic/sac+logos+ava1-l14-linearMSE.pth"),
-    ("git_vqa", "git-large-vqav2"), ("grounding_dino", "grounding-dino-tiny")])
+@pytest.mark.parametrize(
+    "name, spec_file",
+    [
+        ("hps", "hps/HPS_v2.1_compressed.pt"),
+        ("image_reward", "image_reward"),
+        ("pickscore", "pickscore"),
+        ("clipscore", "clip-vit-large-patch14"),
+        ("aesthetic", "aesthetic/sac+logos+ava1-l14-linearMSE.pth"),
+        ("git_vqa", "git-large-vqav2"),
+        ("grounding_dino", "grounding-dino-tiny"),
+    ],
+)
 def test_missing_weights_raise_the_named_error(tmp_path, monkeypatch, name, spec_file):
     monkeypatch.setenv("MARGRPO_WEIGHTS_DIR", str(tmp_path))
     with pytest.raises(MissingWeightsError) as err:
@@ -220,21 +235,34 @@ def test_image_reward_checkpoint_keys_and_transform(built, weights, tmp_path):
 
     state = torch.load(Path(weights("image_reward")["path"]) / "ImageReward.pt", weights_only=True)
     release_keys = [  # names as in the published ImageReward.pt
-        "blip.visual_encoder.cls_token", "blip.visual_encoder.pos_embed", "blip.visual_encoder.patch_embed.proj.weight",
-        "blip.visual_encoder.blocks.0.attn.qkv.weight", "blip.visual_encoder.blocks.1.mlp.fc2.bias",
-        "blip.visual_encoder.norm.weight", "blip.text_encoder.embeddings.word_embeddings.weight",
-        "blip.text_encoder.embeddings.LayerNorm.bias", "blip.text_encoder.embeddings.position_ids",
+        "blip.visual_encoder.cls_token",
+        "blip.visual_encoder.pos_embed",
+        "blip.visual_encoder.patch_embed.proj.weight",
+        "blip.visual_encoder.blocks.0.attn.qkv.weight",
+        "blip.visual_encoder.blocks.1.mlp.fc2.bias",
+        "blip.visual_encoder.norm.weight",
+        "blip.text_encoder.embeddings.word_embeddings.weight",
+        "blip.text_encoder.embeddings.LayerNorm.bias",
+        "blip.text_encoder.embeddings.position_ids",
         "blip.text_encoder.encoder.layer.0.attention.self.query.weight",
         "blip.text_encoder.encoder.layer.0.crossattention.self.key.weight",
         "blip.text_encoder.encoder.layer.0.crossattention.output.LayerNorm.weight",
-        "blip.text_encoder.encoder.layer.0.output.dense.weight", "blip.vision_proj.weight", "blip.text_proj.bias",
-        "mlp.layers.0.weight", "mlp.layers.2.weight", "mlp.layers.4.weight", "mlp.layers.6.weight", "mlp.layers.7.bias"]
+        "blip.text_encoder.encoder.layer.0.output.dense.weight",
+        "blip.vision_proj.weight",
+        "blip.text_proj.bias",
+        "mlp.layers.0.weight",
+        "mlp.layers.2.weight",
+        "mlp.layers.4.weight",
+        "mlp.layers.6.weight",
+        "mlp.layers.7.bias",
+    ]
     assert set(release_keys) <= set(state)
     assert not any(".pooler." in k or "token_type" in k for k in state)
     reward = built("image_reward")
     images = images_u8()
-    documented = T.Compose([T.Resize(32, interpolation=T.InterpolationMode.BICUBIC), T.CenterCrop(32), T.ToTensor(),
-                            T.Normalize(CLIP_MEAN, CLIP_STD)])
+    documented = T.Compose(
+        [T.Resize(32, interpolation=T.InterpolationMode.BICUBIC), T.CenterCrop(32), T.ToTensor(), T.Normalize(CLIP_MEAN, CLIP_STD)]
+    )
     pixels = torch.stack([documented(p) for p in to_pil(images)])
     assert (reward.transform(images.float() / 255) - pixels).abs().max() < 0.03
     # loaded non-strictly like the official loader: extra tensors and unused missing ones are named, not refused
@@ -244,8 +272,11 @@ def test_image_reward_checkpoint_keys_and_transform(built, weights, tmp_path):
     write_bert_vocab(directory / "bert-base-uncased")
     lenient = {k: v for k, v in state.items() if not k.startswith("blip.vision_proj.")}
     torch.save({**lenient, "blip.text_decoder.cls.bias": torch.zeros(3)}, directory / "ImageReward.pt")
-    with pytest.warns(UserWarning, match=r"1 unexpected keys ignored: blip.text_decoder.cls.bias; 2 missing keys left "
-                                         r"at init \(not used by the score\): blip.vision_proj.bias, blip.vision_proj.weight"):
+    with pytest.warns(
+        UserWarning,
+        match=r"1 unexpected keys ignored: blip.text_decoder.cls.bias; 2 missing keys left "
+        r"at init \(not used by the score\): blip.vision_proj.bias, blip.vision_proj.weight",
+    ):
         loaded = build_reward("image_reward", path=str(directory), device="cpu")
     torch.testing.assert_close(loaded(images, PROMPTS), reward(images, PROMPTS), atol=1e-6, rtol=0)
     torch.save({k: v for k, v in state.items() if k != "mlp.layers.7.bias"}, directory / "ImageReward.pt")
@@ -269,7 +300,7 @@ def test_git_vqa_matches_the_reference_procedure(built, weights):
         if isinstance(qs, float):
             assert got[i] == qs
             continue
-        pixels = processor(images=to_pil(images[i:i + 1]), return_tensors="pt")["pixel_values"]
+        pixels = processor(images=to_pil(images[i : i + 1]), return_tensors="pt")["pixel_values"]
         probs = []
         for q in qs:
             ids = torch.tensor([[tokenizer.cls_token_id] + tokenizer.encode(q, add_special_tokens=False)])
@@ -317,8 +348,7 @@ def test_grounding_dino_scores_follow_detections(built, weights):
     found = {"cat": torch.tensor([0.9, 0.1, 0.1]), "dog": torch.tensor([0.1, 0.2, 0.8])}
     item = CompBenchItem.from_metadata(METADATA[1], 1)
     assert reward._score_item(item, found, boxes) == pytest.approx(0.9)  # both found, cat left of dog
-    flipped = CompBenchItem.from_metadata({**METADATA[1], "spatial_info": {"obj1": "dog", "obj2": "cat",
-                                                                            "locality": "left of"}}, 1)
+    flipped = CompBenchItem.from_metadata({**METADATA[1], "spatial_info": {"obj1": "dog", "obj2": "cat", "locality": "left of"}}, 1)
     assert reward._score_item(flipped, found, boxes) == pytest.approx(0.4)
     counted = CompBenchItem.from_metadata({"task_type": "numeracy", "numeracy_info": [{"obj_name": "cat", "num": 1}]}, 0)
     two_cats = {"cat": torch.tensor([0.9, 0.8, 0.1])}  # two overlapping boxes: NMS on corners keeps one
@@ -374,8 +404,7 @@ def test_grounding_dino_phrases_are_scored_on_their_first_and_last_word(built, w
     torch.testing.assert_close(got[0], (probs[:, 1] + probs[:, 3]) / 2, atol=1e-5, rtol=0)
     torch.testing.assert_close(got[1], probs[:, 5], atol=1e-5, rtol=0)
     every = build_reward("grounding_dino", device="cpu", phrase_tokens="all", **weights("grounding_dino"))
-    torch.testing.assert_close(every.detect(images, [["red cat dog", "cat"]])[0][0][0], probs[:, 1:4].mean(1),
-                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(every.detect(images, [["red cat dog", "cat"]])[0][0][0], probs[:, 1:4].mean(1), atol=1e-5, rtol=0)
 
 
 def test_grounding_dino_original_checkpoint_layout_is_refused_with_the_conversion(tmp_path):
@@ -403,8 +432,7 @@ def test_clipscore_torchmetrics_mode_cuts_token_ids_and_leaves_the_clamp_to_the_
     context = model.config.text_config.max_position_embeddings
     assert tokens["input_ids"].shape[1] > context
     with torch.no_grad():
-        text = model.get_text_features(input_ids=tokens["input_ids"][:, :context],
-                                       attention_mask=tokens["attention_mask"][:, :context])
+        text = model.get_text_features(input_ids=tokens["input_ids"][:, :context], attention_mask=tokens["attention_mask"][:, :context])
     text = torch.nn.functional.normalize(getattr(text, "pooler_output", text), dim=-1)
     image = tm.clip.image_embeddings(images.float() / 255)  # normalised, as the reward sees it
     torch.testing.assert_close(got, 100 * (image * text).sum(-1), atol=1e-4, rtol=0)
@@ -420,22 +448,31 @@ def test_errors_name_the_option_and_the_expected_layout(weights, tmp_path):
     import shutil
 
     checkpoint = Path(weights("image_reward")["path"]) / "ImageReward.pt"
-    with pytest.raises(MissingWeightsError, match=r"image_reward: option path=.*ImageReward\.pt is a file, expected "
-                                                  r"a dir \(expected layout: a directory with ImageReward\.pt"):
+    with pytest.raises(
+        MissingWeightsError,
+        match=r"image_reward: option path=.*ImageReward\.pt is a file, expected "
+        r"a dir \(expected layout: a directory with ImageReward\.pt",
+    ):
         build_reward("image_reward", path=str(checkpoint), device="cpu")
     clip_dir = tmp_path / "clip-as-git"
     shutil.copytree(weights("clipscore")["path"], clip_dir)
     shutil.copy(Path(weights("git_vqa")["path"]) / "vocab.txt", clip_dir)
-    with pytest.raises(CorruptWeightsError, match=r"git_vqa: option path=.*clip-as-git holds a 'clip' model "
-                                                  r"\(config.json model_type\), expected 'git' for GitForCausalLM "
-                                                  r"\(expected layout: a Hugging Face GIT directory"):
+    with pytest.raises(
+        CorruptWeightsError,
+        match=r"git_vqa: option path=.*clip-as-git holds a 'clip' model "
+        r"\(config.json model_type\), expected 'git' for GitForCausalLM "
+        r"\(expected layout: a Hugging Face GIT directory",
+    ):
         build_reward("git_vqa", path=str(clip_dir), device="cpu")
     model_only = tmp_path / "pickscore-model"
     model_only.mkdir()
     for name in ("config.json", "model.safetensors"):
         shutil.copy(Path(weights("pickscore")["path"]) / name, model_only)
-    with pytest.raises(MissingWeightsError, match=r"missing file .*preprocessor_config.json \(option path \(or "
-                                                  r"processor_path, a directory with the tokenizer files"):
+    with pytest.raises(
+        MissingWeightsError,
+        match=r"missing file .*preprocessor_config.json \(option path \(or "
+        r"processor_path, a directory with the tokenizer files",
+    ):
         build_reward("pickscore", path=str(model_only), device="cpu")
     with pytest.raises(MissingWeightsError, match=r"missing file .*preprocessor_config.json \(option processor_path;"):
         build_reward("pickscore", path=str(model_only), processor_path=str(tmp_path), device="cpu")

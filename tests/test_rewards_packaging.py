@@ -1,6 +1,7 @@
 """Packaging of the rewards: importable without heavy deps, and the `rewards` extra leaves the core
 test environment's pytest, protobuf and timm alone (hpsv2 pins pytest==7.2.0 and protobuf<4;
 image-reward pins timm==0.6.13 and fairscale, so neither may enter the extra's dependency tree)."""
+
 from __future__ import annotations
 
 import importlib.metadata as md
@@ -24,8 +25,7 @@ def rewards_extra() -> list[str]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project.get("optional-dependencies", {})
     assert "rewards" in extras, "pyproject.toml must define the optional extra 'rewards'"
-    assert {"transformers", "open-clip-torch", "timm"} <= {_norm(r.split(">")[0].split("=")[0].split("<")[0])
-                                                           for r in extras["rewards"]}
+    assert {"transformers", "open-clip-torch", "timm"} <= {_norm(r.split(">")[0].split("=")[0].split("<")[0]) for r in extras["rewards"]}
     return extras["rewards"]
 
 
@@ -66,17 +66,20 @@ def test_rewards_extra_keeps_core_test_pins():
         except md.PackageNotFoundError:
             continue  # not in the core environment: nothing to change
         assert SpecifierSet(str(req.specifier)).contains(installed, prereleases=True), (
-            f"{req} (needed via the rewards extra) would change {name} {installed} of the core test environment")
+            f"{req} (needed via the rewards extra) would change {name} {installed} of the core test environment"
+        )
     assert SpecifierSet(">=8").contains(md.version("pytest"))  # the core test extra's floor still holds
 
 
 def test_import_needs_no_heavy_dependency():
-    code = ("import sys\n"
-            "for m in ('open_clip', 'transformers', 'timm', 'torchvision'): sys.modules[m] = None\n"
-            "import margrpo.rewards as r\n"
-            "assert 'hps' in r.available_rewards()\n"
-            "try:\n    r.build_reward('hps', path='/nonexistent.pt')\nexcept r.MissingWeightsError as e:\n"
-            "    print('missing-ok')\n")
+    code = (
+        "import sys\n"
+        "for m in ('open_clip', 'transformers', 'timm', 'torchvision'): sys.modules[m] = None\n"
+        "import margrpo.rewards as r\n"
+        "assert 'hps' in r.available_rewards()\n"
+        "try:\n    r.build_reward('hps', path='/nonexistent.pt')\nexcept r.MissingWeightsError as e:\n"
+        "    print('missing-ok')\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "missing-ok" in out.stdout

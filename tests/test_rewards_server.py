@@ -1,5 +1,6 @@
 """The reward service on loopback: round trip, compact payloads, timeouts, server down, bad payloads,
 and the server's limits (body size, concurrency, read timeout, token)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -55,8 +56,10 @@ class Broken(MeanPixel):
 @pytest.fixture(scope="module")
 def server():
     broken = Broken()
-    srv = RewardServer({"mean_pixel": MeanPixel(), "slow": Slow(1.0), "broken": broken,
-                        "jpeg": build_reward("jpeg_incompressibility", device="cpu")}, port=0).start()
+    srv = RewardServer(
+        {"mean_pixel": MeanPixel(), "slow": Slow(1.0), "broken": broken, "jpeg": build_reward("jpeg_incompressibility", device="cpu")},
+        port=0,
+    ).start()
     srv.broken = broken
     yield srv
     srv.stop()
@@ -155,8 +158,7 @@ def test_bad_payloads_get_400_with_a_message(server):
     code, reply = _post(f"{server.url}/score/mean_pixel", wrong_shape)
     assert code == 400 and "images: got torch.uint8 (2, 4, 4)" in reply["error"]
     with pytest.raises(PayloadError, match="prompts: expected a JSON list of strings"):
-        decode_request(save({"images": torch.zeros(1, 3, 2, 2, dtype=torch.uint8)},
-                            metadata={"prompts": "[1]", "metadata": "null"}))
+        decode_request(save({"images": torch.zeros(1, 3, 2, 2, dtype=torch.uint8)}, metadata={"prompts": "[1]", "metadata": "null"}))
 
 
 def test_concurrent_clients_get_their_own_scores(server):
@@ -183,8 +185,11 @@ def test_cli_arguments_build_the_rewards(tmp_path):
 
     config = tmp_path / "rewards.yaml"
     config.write_text("small:\n  reward: jpeg_compressibility\n  quality: 40\n  weight: 2.0\n")
-    args = argparse.Namespace(config=str(config), reward=["jpeg_incompressibility"],
-                              option=["jpeg_incompressibility.quality=70", "jpeg_incompressibility.device=cpu"])
+    args = argparse.Namespace(
+        config=str(config),
+        reward=["jpeg_incompressibility"],
+        option=["jpeg_incompressibility.quality=70", "jpeg_incompressibility.device=cpu"],
+    )
     built = rewards_from_args(args)
     assert sorted(built) == ["jpeg_incompressibility", "small"]
     assert built["small"].quality == 40 and built["jpeg_incompressibility"].quality == 70
@@ -273,8 +278,7 @@ def test_body_over_the_limit_gets_413():
     with serving({"mean_pixel": MeanPixel()}, max_body_bytes=4096) as srv:
         small = encode_request(images_u8(batch=1, h=8, w=8).float() / 255, ["p"], None)
         assert len(small) <= 4096 and _post(f"{srv.url}/score/mean_pixel", small)[0] == 200
-        code, reply = _post(f"{srv.url}/score/mean_pixel", encode_request(images_u8(batch=4, h=32, w=32).float() / 255,
-                                                                           ["p"] * 4, None))
+        code, reply = _post(f"{srv.url}/score/mean_pixel", encode_request(images_u8(batch=4, h=32, w=32).float() / 255, ["p"] * 4, None))
         assert code == 413 and "expected at most 4096" in reply["error"]
 
 
@@ -297,8 +301,9 @@ def test_requests_beyond_the_concurrency_limit_get_503():
 def test_stalled_upload_times_out_and_frees_its_slot():
     with serving({"mean_pixel": MeanPixel()}, max_concurrent=1, read_timeout=0.5) as srv:
         start = time.monotonic()
-        reply = raw_exchange(srv.url, b"POST /score/mean_pixel HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n"
-                             + b"x" * 10)  # 990 bytes never come
+        reply = raw_exchange(
+            srv.url, b"POST /score/mean_pixel HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + b"x" * 10
+        )  # 990 bytes never come
         assert reply.startswith(b"HTTP/1.1 408 ") and 0.5 <= time.monotonic() - start < 3
         start = time.monotonic()
         assert raw_exchange(srv.url, b"POST /score/mean_pixel HTTP/1.1\r\n") == b""  # stalled headers: closed
@@ -347,10 +352,32 @@ def test_cli_limits_reach_the_server(monkeypatch, capsys):
     monkeypatch.setattr("margrpo.rewards.server.RewardServer", Recording)
     monkeypatch.setenv("MARGRPO_REWARD_TOKEN", "from-env")
     with pytest.raises(Stop):
-        main(["--reward", "jpeg_incompressibility", "--option", "jpeg_incompressibility.device=cpu", "--port", "0",
-              "--max-body-mb", "2", "--max-concurrent", "3", "--read-timeout", "0.5", "--host", "0.0.0.0"])
-    assert created == {"host": "0.0.0.0", "port": 0, "max_body_bytes": 2 << 20, "max_concurrent": 3,
-                       "read_timeout": 0.5, "token": "from-env"}
+        main(
+            [
+                "--reward",
+                "jpeg_incompressibility",
+                "--option",
+                "jpeg_incompressibility.device=cpu",
+                "--port",
+                "0",
+                "--max-body-mb",
+                "2",
+                "--max-concurrent",
+                "3",
+                "--read-timeout",
+                "0.5",
+                "--host",
+                "0.0.0.0",
+            ]
+        )
+    assert created == {
+        "host": "0.0.0.0",
+        "port": 0,
+        "max_body_bytes": 2 << 20,
+        "max_concurrent": 3,
+        "read_timeout": 0.5,
+        "token": "from-env",
+    }
     assert "warning: binding '0.0.0.0', not loopback" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--reward", "jpeg_incompressibility", "--max-concurrent", "0"])

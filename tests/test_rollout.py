@@ -3,6 +3,7 @@
 The generation tests drive a tiny test backbone (an MLP over prompt words + canvas, defined here) with
 the real diffusion head and sampler; shapes are kept small so the file runs in seconds on 2 cores.
 """
+
 from __future__ import annotations
 
 import math
@@ -103,9 +104,18 @@ def test_generators_reproduce_their_stream():
 # ---------------------------------------------------------------- config
 @pytest.mark.parametrize(
     "field,value",
-    [("cfg_scale", -0.5), ("temperature", 0.0), ("num_seeds", -1), ("num_mask_steps", 0),
-     ("schedule", "linear"), ("cfg_schedule", "cosine"), ("cfg_channels", "var"),
-     ("record_mask_steps", -1), ("record_diffusion_steps", 0), ("likelihood_positions", "all")],
+    [
+        ("cfg_scale", -0.5),
+        ("temperature", 0.0),
+        ("num_seeds", -1),
+        ("num_mask_steps", 0),
+        ("schedule", "linear"),
+        ("cfg_schedule", "cosine"),
+        ("cfg_channels", "var"),
+        ("record_mask_steps", -1),
+        ("record_diffusion_steps", 0),
+        ("likelihood_positions", "all"),
+    ],
 )
 def test_config_rejects_bad_values_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
@@ -129,8 +139,7 @@ class TinyTestBackbone(nn.Module):
     with one global mixing term (so z depends on the other tokens and on the prompt), and the real
     SimpleMLPAdaLN head with its zero-init layers re-initialised so it is not an identity."""
 
-    def __init__(self, num_tokens: int = 12, channels: int = 4, width: int = 24, z_channels: int = 16,
-                 learn_sigma: bool = True):
+    def __init__(self, num_tokens: int = 12, channels: int = 4, width: int = 24, z_channels: int = 16, learn_sigma: bool = True):
         super().__init__()
         from margrpo.heads import SimpleMLPAdaLN, reinit_zero_layers_
 
@@ -162,8 +171,7 @@ class TinyTestBackbone(nn.Module):
     def negative_prompt(self) -> str:
         return "generate an image."
 
-    def forward_z(self, prompts: PromptBatch, canvas: torch.Tensor, known: torch.Tensor,
-                  known_count: int | None = None) -> torch.Tensor:
+    def forward_z(self, prompts: PromptBatch, canvas: torch.Tensor, known: torch.Tensor, known_count: int | None = None) -> torch.Tensor:
         mask = prompts.mask[..., None].to(prompts.embeds.dtype)
         text = (prompts.embeds * mask).sum(1) / mask.sum(1).clamp(min=1)
         h = torch.where(known[..., None], self.token_in(canvas), self.mask_embed) + self.pos_embed
@@ -179,8 +187,7 @@ class TinyTestBackbone(nn.Module):
 
         # IDDPM cosine schedule, learned-range variance (2C head outputs, Harmon-like); x0 prediction
         # keeps the chains of a random-init head bounded. The last step (t = 0) is deterministic.
-        return DDPMSampler(num_steps or 6, beta_schedule="cosine", spacing="iddpm", prediction_type="sample",
-                           variance_type="learned_range")
+        return DDPMSampler(num_steps or 6, beta_schedule="cosine", spacing="iddpm", prediction_type="sample", variance_type="learned_range")
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for name, p in self.named_parameters() if not name.startswith("head.")]
@@ -279,11 +286,14 @@ def _recorded(rollout, b, j):
     return [f[:, b, part].reshape(rollout.num_trajectories, R, P, *f.shape[3:]).transpose(0, 1) for f in fields]
 
 
-@pytest.mark.parametrize("overrides", [
-    dict(),
-    dict(cfg_scale=3.0, cfg_channels="eps", cfg_schedule="linear", schedule="harmon", temperature=0.9),
-    dict(cfg_scale=2.0, cfg_channels="all", num_seeds=0),
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(),
+        dict(cfg_scale=3.0, cfg_channels="eps", cfg_schedule="linear", schedule="harmon", temperature=0.9),
+        dict(cfg_scale=2.0, cfg_channels="all", num_seeds=0),
+    ],
+)
 def test_rollout_matches_plain_reference_at_the_planned_steps(backbone64, sampler, overrides):
     backbone = backbone64
     config = _config(**overrides)
@@ -316,11 +326,14 @@ def test_rollout_matches_plain_reference_at_the_planned_steps(backbone64, sample
 
 # ---------------------------------------------------------------- training likelihood
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("overrides", [
-    dict(),
-    dict(cfg_scale=3.0, cfg_channels="eps", cfg_schedule="linear", schedule="harmon"),
-    dict(cfg_scale=2.5, likelihood_positions="unknown", temperature=0.8),
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(),
+        dict(cfg_scale=3.0, cfg_channels="eps", cfg_schedule="linear", schedule="harmon"),
+        dict(cfg_scale=2.5, likelihood_positions="unknown", temperature=0.8),
+    ],
+)
 def test_on_policy_recomputation_equals_recorded_logprobs(backbone, backbone64, sampler, overrides, dtype):
     """The key property: recomputed under the rollout's own policy, every recorded transition has the
     recorded log-prob (ratio 1). Exact in float64; in float32 the head's batched GEMMs sum in a
@@ -415,10 +428,15 @@ def test_l_layout_helpers(backbone, sampler):
         rollout.expand_to_l(torch.zeros(B, N + 1))
 
 
-@pytest.mark.parametrize("overrides", [
-    dict(), dict(likelihood_positions="unknown", num_seeds=3, cfg_scale=2.0), dict(record_mask_steps=0),
-    dict(likelihood_positions="unknown", known_mask="post_step"),
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(),
+        dict(likelihood_positions="unknown", num_seeds=3, cfg_scale=2.0),
+        dict(record_mask_steps=0),
+        dict(likelihood_positions="unknown", known_mask="post_step"),
+    ],
+)
 def test_memory_formula_matches_bytes(backbone, backbone64, sampler, overrides):
     from margrpo.rollout import Rollout
 
@@ -430,8 +448,7 @@ def test_memory_formula_matches_bytes(backbone, backbone64, sampler, overrides):
     post_step = rollout.config.known_mask == "post_step"
     assert rollout.nbytes() == Rollout.footprint(B, N, C, K, H, W, L, M, unknown, post_step=post_step) > 0
     rollout64 = _run(backbone64, sampler, _config(**overrides))
-    assert rollout64.nbytes() == Rollout.footprint(B, N, C, K, H, W, L, M, unknown, float_bytes=8,
-                                                   post_step=post_step)
+    assert rollout64.nbytes() == Rollout.footprint(B, N, C, K, H, W, L, M, unknown, float_bytes=8, post_step=post_step)
 
 
 # ---------------------------------------------------------------- seeding of the rollout
@@ -578,7 +595,7 @@ def test_rollout_benchmark_smoke(capsys):
 
     assert bench.main(["--models", "tiny", "--batch", "1", "--mask-steps", "2", "--diffusion-steps", "3"]) == 0
     printed = capsys.readouterr().out.strip().splitlines()
-    table = printed[next(i for i, line in enumerate(printed) if line.startswith("model")):]  # below the header
+    table = printed[next(i for i, line in enumerate(printed) if line.startswith("model")) :]  # below the header
     assert [line.split()[1] for line in table[1:]] == ["fused", "per-seed", "reference"]
     assert table[-1].split()[-4:-1] == ["1.00", "[1.00,", "1.00]"]  # the reference against itself
 
@@ -657,8 +674,7 @@ def test_mirrored_pairs_record_negated_noise_and_share_the_rest(backbone64, samp
     config = _config(likelihood_positions=positions, record_mask_steps=2)
     effective = [s for s, n in enumerate(mask_schedule(backbone64.num_tokens, 6, "nova")) if n > 0]
     plan = RecordPlan(mask_steps=(effective[1], effective[3]), diffusion_steps=((0, 2, 3), (1, 3, 4)))
-    paired = generate(backbone64, prompts, config, seeds, sampler=sampler, plan=plan, shared_seeds=shared,
-                      mirror=mirror)
+    paired = generate(backbone64, prompts, config, seeds, sampler=sampler, plan=plan, shared_seeds=shared, mirror=mirror)
     common = generate_with(backbone64, sampler, config, prompts, seeds, shared, plan)
     for j in range(len(plan.mask_steps)):
         drawn = []
@@ -675,19 +691,30 @@ def test_mirrored_pairs_record_negated_noise_and_share_the_rest(backbone64, samp
     assert not torch.allclose(paired.tokens[1], common.tokens[1])
 
 
-@pytest.mark.parametrize("mirror, shared, match", [
-    ([-1, 0], None, "needs shared_seeds"),
-    ([-1], [5, 5], "one per sample"),
-    ([1, -1], [5, 6], "shares sample"),
-    ([1, 0], [5, 5], "draws its own noise"),
-    ([0, -1], [5, 5], "another sample"),
-])
+@pytest.mark.parametrize(
+    "mirror, shared, match",
+    [
+        ([-1, 0], None, "needs shared_seeds"),
+        ([-1], [5, 5], "one per sample"),
+        ([1, -1], [5, 6], "shares sample"),
+        ([1, 0], [5, 5], "draws its own noise"),
+        ([0, -1], [5, 5], "another sample"),
+    ],
+)
 def test_mirror_rejects_bad_pairs(backbone64, sampler, mirror, shared, match):
     from margrpo.rollout import generate
 
     with pytest.raises(ValueError, match=match):
-        generate(backbone64, ["a red square"] * 2, _config(record_mask_steps=0), [1, 2], sampler=sampler,
-                 plan=RecordPlan((), ()), shared_seeds=shared, mirror=mirror)
+        generate(
+            backbone64,
+            ["a red square"] * 2,
+            _config(record_mask_steps=0),
+            [1, 2],
+            sampler=sampler,
+            plan=RecordPlan((), ()),
+            shared_seeds=shared,
+            mirror=mirror,
+        )
 
 
 def generate_with(backbone, sampler, config, prompts, seeds, shared, plan):

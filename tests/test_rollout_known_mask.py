@@ -2,6 +2,7 @@
 the step's own tokens are known in its training forward and only the positions still unknown after
 the step enter its likelihood. TinyMAR at tiny sizes in float64 on CPU; the file runs in seconds.
 """
+
 from __future__ import annotations
 
 import copy
@@ -26,13 +27,15 @@ def _tiny(learned_variance: bool):
     """(float64 TinyMAR in eval mode, its sampler); learned_variance swaps in a 2C-output head and a
     learned-range sampler (Harmon-like: the std depends on z)."""
     torch.manual_seed(3)
-    model = TinyMAR(TinyMARConfig(image_size=16, patch_size=4, width=32, depth=1, num_heads=2, head_width=32,
-                                  head_depth=1, diffusion_steps=6))
+    model = TinyMAR(
+        TinyMARConfig(image_size=16, patch_size=4, width=32, depth=1, num_heads=2, head_width=32, head_depth=1, diffusion_steps=6)
+    )
     if learned_variance:
         C = model.token_channels
         model.head = SimpleMLPAdaLN(C, 32, 2 * C, model.config.width, 1)
-        sampler = DDPMSampler(6, beta_schedule="cosine", spacing="iddpm", prediction_type="epsilon",
-                              variance_type="learned_range", clip_sample=1.0)
+        sampler = DDPMSampler(
+            6, beta_schedule="cosine", spacing="iddpm", prediction_type="epsilon", variance_type="learned_range", clip_sample=1.0
+        )
     else:
         sampler = model.make_sampler()
     with torch.no_grad():
@@ -51,9 +54,17 @@ def tiny_learned():
 
 
 def _config(**overrides) -> RolloutConfig:
-    values = dict(num_mask_steps=5, schedule="harmon", cfg_scale=2.5, cfg_channels="eps", num_seeds=2,
-                  record_mask_steps=3, record_diffusion_steps=2, likelihood_positions="unknown",
-                  known_mask="post_step")
+    values = dict(
+        num_mask_steps=5,
+        schedule="harmon",
+        cfg_scale=2.5,
+        cfg_channels="eps",
+        num_seeds=2,
+        record_mask_steps=3,
+        record_diffusion_steps=2,
+        likelihood_positions="unknown",
+        known_mask="post_step",
+    )
     return RolloutConfig(**{**values, **overrides})
 
 
@@ -99,8 +110,7 @@ def test_choose_plan_never_picks_the_final_step_under_post_step(tiny):
     counts = mask_schedule(16, 5, "harmon")
     effective = effective_steps(counts)
     for seed in range(20):
-        plan = choose_plan(counts, sampler, len(effective) - 1, 2, torch.Generator().manual_seed(seed),
-                           known_mask="post_step")
+        plan = choose_plan(counts, sampler, len(effective) - 1, 2, torch.Generator().manual_seed(seed), known_mask="post_step")
         assert plan.mask_steps == tuple(effective[:-1])
     with pytest.raises(ValueError, match="record_mask_steps: got 5, expected 0..4.*leave some unknown"):
         choose_plan(counts, sampler, len(effective), 2, torch.Generator(), known_mask="post_step")
@@ -210,7 +220,7 @@ def test_training_forward_canvas_holds_the_steps_tokens_only_under_post_step(tin
     for j, step in enumerate(PLAN.mask_steps):
         recording.calls.clear()
         rollout_logprob(recording, rollout, steps=[j])
-        (canvas, known), = recording.calls
+        ((canvas, known),) = recording.calls
         canvas, known = canvas[:B], known[:B]  # the cond rows (the uncond rows repeat them)
         before = sum(rollout.reveal_counts[:step])
         own = rollout.order[:, before : before + rollout.reveal_counts[step]]  # committed at this step
@@ -250,12 +260,27 @@ def test_one_trainer_step_with_post_step_is_on_policy(tmp_path, tiny):
     checkpoint = tmp_path / "ckpt"
     copy.deepcopy(model).float().save(checkpoint)
     overrides = [
-        f"backbone.checkpoint={checkpoint}", f"run.out_dir={tmp_path / 'run'}", "run.tensorboard=false",
-        "run.eval_every=0", "run.save_every=0", "run.threads=1", "rollout.num_mask_steps=5",
-        "rollout.schedule=harmon", "rollout.cfg_scale=2.5", "rollout.num_seeds=2", "rollout.record_mask_steps=3",
-        "rollout.record_diffusion_steps=2", "rollout.likelihood_positions=unknown", "rollout.known_mask=post_step",
-        "grpo.group_size=2", "grpo.prompts_per_step=2", "grpo.mte=true", "grpo.consistency=true",
-        "grpo.consistency_start_step=1", "grpo.kl_beta=0.1", "rewards={jpeg_incompressibility: 1.0}",
+        f"backbone.checkpoint={checkpoint}",
+        f"run.out_dir={tmp_path / 'run'}",
+        "run.tensorboard=false",
+        "run.eval_every=0",
+        "run.save_every=0",
+        "run.threads=1",
+        "rollout.num_mask_steps=5",
+        "rollout.schedule=harmon",
+        "rollout.cfg_scale=2.5",
+        "rollout.num_seeds=2",
+        "rollout.record_mask_steps=3",
+        "rollout.record_diffusion_steps=2",
+        "rollout.likelihood_positions=unknown",
+        "rollout.known_mask=post_step",
+        "grpo.group_size=2",
+        "grpo.prompts_per_step=2",
+        "grpo.mte=true",
+        "grpo.consistency=true",
+        "grpo.consistency_start_step=1",
+        "grpo.kl_beta=0.1",
+        "rewards={jpeg_incompressibility: 1.0}",
     ]
     trainer = Trainer(load_config(None, overrides))
     metrics = trainer.train_step()
@@ -302,8 +327,7 @@ def test_recorded_main_update_is_on_policy_with_the_sampling_time_std(tiny_learn
     model, sampler = tiny_learned
     rollout = generate(model, PROMPTS, _config(), SEEDS, sampler=sampler, plan=PLAN)
     policy, reference = copy.deepcopy(model), copy.deepcopy(model)
-    config = GRPOConfig(group_size=3, prompts_per_step=1, objective="clip", likelihood_std="recorded_main",
-                        kl_type="k3_logp", kl_beta=0.1)
+    config = GRPOConfig(group_size=3, prompts_per_step=1, objective="clip", likelihood_std="recorded_main", kl_type="k3_logp", kl_beta=0.1)
     advantages = torch.tensor([1.0, -0.5, -0.5], dtype=torch.float64)
     result = update(policy, reference, rollout, advantages, config, torch.optim.SGD(policy.parameters(), lr=0.0))
     assert result.skipped is None and result.metrics["grad_norm"] > 0

@@ -2,6 +2,7 @@
 on-policy (ratio 1, KL 0 against an equal reference) at any temperature, known-mask mode and
 variance, and classifier-free guidance pairs every image's canvas with its own cond and uncond rows
 in the batch the backbone and the head see."""
+
 from __future__ import annotations
 
 import copy
@@ -25,14 +26,16 @@ PLAN = RecordPlan(mask_steps=(0, 2, 3), diffusion_steps=((0, 3), (1, 4), (0, 2))
 
 def _tiny(learned_variance: bool):
     torch.manual_seed(3)
-    model = TinyMAR(TinyMARConfig(image_size=16, patch_size=4, width=32, depth=1, num_heads=2, head_width=32,
-                                  head_depth=1, diffusion_steps=6))
+    model = TinyMAR(
+        TinyMARConfig(image_size=16, patch_size=4, width=32, depth=1, num_heads=2, head_width=32, head_depth=1, diffusion_steps=6)
+    )
     sampler = model.make_sampler()
     if learned_variance:  # Harmon-like: the std depends on z
         C = model.token_channels
         model.head = SimpleMLPAdaLN(C, 32, 2 * C, model.config.width, 1)
-        sampler = DDPMSampler(6, beta_schedule="cosine", spacing="iddpm", prediction_type="epsilon",
-                              variance_type="learned_range", clip_sample=1.0)
+        sampler = DDPMSampler(
+            6, beta_schedule="cosine", spacing="iddpm", prediction_type="epsilon", variance_type="learned_range", clip_sample=1.0
+        )
     with torch.no_grad():
         reinit_zero_layers_(model.head, std=0.2)  # adaLN-zero would make the head ignore z
     return model.double().eval(), sampler
@@ -44,22 +47,31 @@ def models():
 
 
 @pytest.mark.parametrize("temperature", [0.5, 1.0, 1.7])
-@pytest.mark.parametrize("known_mask,likelihood_std", [("pre_step", "policy"), ("post_step", "policy"),
-                                                       ("post_step", "recorded_main")])
+@pytest.mark.parametrize("known_mask,likelihood_std", [("pre_step", "policy"), ("post_step", "policy"), ("post_step", "recorded_main")])
 @pytest.mark.parametrize("variance", ["fixed", "learned"])
 def test_the_first_update_is_on_policy(models, temperature, known_mask, likelihood_std, variance):
     """Scored by the policy that drew it, a rollout's recorded log-probs are the update's: every
     ratio is 1 and the k3 KL to an equal reference is 0, whatever the sampling temperature (which
     scales every std the recording and the likelihood use)."""
     model, sampler = models[variance]
-    config = RolloutConfig(num_mask_steps=5, schedule="harmon", cfg_scale=2.5, cfg_channels="eps", num_seeds=2,
-                           record_mask_steps=3, record_diffusion_steps=2, likelihood_positions="unknown",
-                           known_mask=known_mask, temperature=temperature)
+    config = RolloutConfig(
+        num_mask_steps=5,
+        schedule="harmon",
+        cfg_scale=2.5,
+        cfg_channels="eps",
+        num_seeds=2,
+        record_mask_steps=3,
+        record_diffusion_steps=2,
+        likelihood_positions="unknown",
+        known_mask=known_mask,
+        temperature=temperature,
+    )
     rollout = generate(model, PROMPTS, config, [11, 12, 13], sampler=sampler, plan=PLAN)
     assert rollout.logp.shape[-1] > 0
     policy, reference = copy.deepcopy(model), copy.deepcopy(model)
-    grpo = GRPOConfig(group_size=3, prompts_per_step=1, objective="clip", likelihood_std=likelihood_std,
-                      kl_type="k3_logp", kl_beta=0.1, clip_eps=1e-3)  # a tight clip: any ratio off 1 shows
+    grpo = GRPOConfig(
+        group_size=3, prompts_per_step=1, objective="clip", likelihood_std=likelihood_std, kl_type="k3_logp", kl_beta=0.1, clip_eps=1e-3
+    )  # a tight clip: any ratio off 1 shows
     advantages = torch.tensor([1.0, -0.5, -0.5], dtype=F64)
     result = update(policy, reference, rollout, advantages, grpo, torch.optim.SGD(policy.parameters(), lr=0.0))
     assert result.skipped is None and result.metrics["grad_norm"] > 0

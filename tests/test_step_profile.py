@@ -1,6 +1,7 @@
 """scripts/step_profile.py's counting, on toy callables (the trainer itself is the script's job): each
 function once however often it runs, comprehensions left out, threads started meanwhile counted, the
 hook removed afterwards even when the callable raises, and the split by file."""
+
 from __future__ import annotations
 
 import importlib.util

@@ -1,4 +1,5 @@
 """ShapesWorld: grammar, splits, renderer and the exact verifier."""
+
 from __future__ import annotations
 
 import dataclasses

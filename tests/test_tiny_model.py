@@ -1,5 +1,6 @@
 """The tiny ShapesWorld MAR: protocol, tokenizer, checkpoints, pretraining pieces, sampling CLI, and
 the shipped checkpoint's held-out quality."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,8 +21,7 @@ from margrpo.testbed import balanced_prompts, evaluate, render_batch
 from margrpo.train import pretrain
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = TinyMARConfig(width=32, depth=1, num_heads=2, head_width=32, head_depth=1, diffusion_steps=4,
-                      relative_position_bias=True)
+SMALL = TinyMARConfig(width=32, depth=1, num_heads=2, head_width=32, head_depth=1, diffusion_steps=4, relative_position_bias=True)
 
 
 def small_model(seed: int = 0, config: TinyMARConfig = SMALL) -> TinyMAR:
@@ -133,8 +133,9 @@ def test_save_load_round_trip_is_exact(tmp_path, relative_position_bias):
         assert torch.equal(a, b), name
     canvas, known = torch.randn(1, 64, 48), torch.rand(1, 64) < 0.3
     prompts = ["two yellow triangles"]
-    assert torch.equal(model.forward_z(model.encode_prompts(prompts), canvas, known),
-                       loaded.forward_z(loaded.encode_prompts(prompts), canvas, known))
+    assert torch.equal(
+        model.forward_z(model.encode_prompts(prompts), canvas, known), loaded.forward_z(loaded.encode_prompts(prompts), canvas, known)
+    )
 
 
 def test_wrong_shape_checkpoint_lists_the_mismatches(tmp_path):
@@ -202,13 +203,24 @@ def test_diffusion_loss_trains_transformer_and_head():
 
 def test_pretrain_cli_writes_a_loadable_checkpoint_and_metrics(tmp_path):
     config = tmp_path / "tiny.yaml"
-    config.write_text(json.dumps({  # JSON is YAML
-        "backbone": {"name": "tiny", "checkpoint": str(tmp_path / "model")},
-        "pretrain": {"arch": dataclasses.asdict(SMALL), "steps": 3, "batch_size": 4,
-                     "warmup_steps": 1, "eval_every": 2, "eval_per_category": 1,
-                     "final_eval_per_category": 1, "sampling": {"num_mask_steps": 4, "cfg_scale": 2.0}},
-        "rollout": {"num_mask_steps": 8},  # another job's section: ignored here
-    }))
+    config.write_text(
+        json.dumps(
+            {  # JSON is YAML
+                "backbone": {"name": "tiny", "checkpoint": str(tmp_path / "model")},
+                "pretrain": {
+                    "arch": dataclasses.asdict(SMALL),
+                    "steps": 3,
+                    "batch_size": 4,
+                    "warmup_steps": 1,
+                    "eval_every": 2,
+                    "eval_per_category": 1,
+                    "final_eval_per_category": 1,
+                    "sampling": {"num_mask_steps": 4, "cfg_scale": 2.0},
+                },
+                "rollout": {"num_mask_steps": 8},  # another job's section: ignored here
+            }
+        )
+    )
     assert pretrain.main(["--config", str(config), "pretrain.lr=3e-3"]) == 0
     model = load_backbone(BackboneConfig(checkpoint=str(tmp_path / "model")))
     assert model.config == SMALL
@@ -234,8 +246,7 @@ def test_sample_cli_writes_captioned_grids(tmp_path):
     config.write_text(f"backbone:\n  checkpoint: {tmp_path / 'model'}\npretrain:\n  sampling:\n    num_mask_steps: 4\n")
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a red square\n\ntwo blue circles\n")
-    assert sample_main(["--config", str(config), "--prompts", str(prompts), "--out", str(tmp_path / "out"),
-                        "--per-prompt", "3"]) == 0
+    assert sample_main(["--config", str(config), "--prompts", str(prompts), "--out", str(tmp_path / "out"), "--per-prompt", "3"]) == 0
     rows = sorted((tmp_path / "out").glob("[0-9]*.png"))
     assert [p.name for p in rows] == ["000.png", "001.png"]
     row = Image.open(rows[0])

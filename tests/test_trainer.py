@@ -1,5 +1,6 @@
 """The GRPO trainer end to end on a tiny random-init MAR (CPU, seconds): on-policy ratio, frozen head,
 learning on a toy reward, exact resume, signals, non-finite handling, config errors, torchrun."""
+
 import os
 import signal
 import subprocess
@@ -52,10 +53,22 @@ def tiny_checkpoint(tmp_path_factory):
 
 def overrides(tmp_path, checkpoint, *extra):
     return [
-        f"backbone.checkpoint={checkpoint}", f"run.out_dir={tmp_path / 'run'}", "run.tensorboard=false",
-        "run.eval_every=0", "run.eval_per_category=1", "run.eval_samples_per_prompt=1", "run.save_every=0",
-        "run.threads=1", "rollout.num_mask_steps=4", "rollout.record_mask_steps=2", "rollout.record_diffusion_steps=2",
-        "grpo.group_size=4", "grpo.prompts_per_step=2", "rewards={test_redness: 1.0}", "optim.lr=1e-3", *extra,
+        f"backbone.checkpoint={checkpoint}",
+        f"run.out_dir={tmp_path / 'run'}",
+        "run.tensorboard=false",
+        "run.eval_every=0",
+        "run.eval_per_category=1",
+        "run.eval_samples_per_prompt=1",
+        "run.save_every=0",
+        "run.threads=1",
+        "rollout.num_mask_steps=4",
+        "rollout.record_mask_steps=2",
+        "rollout.record_diffusion_steps=2",
+        "grpo.group_size=4",
+        "grpo.prompts_per_step=2",
+        "rewards={test_redness: 1.0}",
+        "optim.lr=1e-3",
+        *extra,
     ]
 
 
@@ -64,8 +77,16 @@ def make(tmp_path, checkpoint, *extra) -> Trainer:
 
 
 def test_first_step_is_on_policy_and_head_stays_frozen(tmp_path, tiny_checkpoint):
-    trainer = make(tmp_path, tiny_checkpoint, "rollout.num_seeds=2", "rollout.likelihood_positions=unknown",
-                   "grpo.mte=true", "grpo.consistency=true", "grpo.consistency_start_step=1", "grpo.kl_beta=0.1")
+    trainer = make(
+        tmp_path,
+        tiny_checkpoint,
+        "rollout.num_seeds=2",
+        "rollout.likelihood_positions=unknown",
+        "grpo.mte=true",
+        "grpo.consistency=true",
+        "grpo.consistency_start_step=1",
+        "grpo.kl_beta=0.1",
+    )
     head_before = {k: v.clone() for k, v in trainer.policy.head.state_dict().items()}
     body_before = {k: v.clone() for k, v in trainer.policy.named_parameters() if not k.startswith("head.")}
     metrics = trainer.train_step()
@@ -107,8 +128,7 @@ def test_update_raises_the_likelihood_of_above_average_samples(tmp_path, tiny_ch
 
     trainer.reward = remember
     trainer.policy.eval()
-    rollout = generate(trainer.policy, prompts, trainer.config.rollout, seeds, sampler=trainer.sampler,
-                       plan=trainer._plan(0))
+    rollout = generate(trainer.policy, prompts, trainer.config.rollout, seeds, sampler=trainer.sampler, plan=trainer._plan(0))
     trainer.train_step()
     advantages = trainer._advantages(captured["rewards"], prompts)
     with torch.no_grad():
@@ -130,9 +150,17 @@ def test_training_improves_a_toy_reward(tmp_path):
     # The shipped pretrained checkpoint: its samples follow their prompts (so redness varies within
     # a group and the reward has signal), unlike a random-init model whose samples are mostly noise.
     # Measured on three run seeds: redness 0.06 -> 0.52, 0.60, 0.22 after 8 steps.
-    trainer = make(tmp_path, "builtin:shapes-tiny", "optim.lr=1e-3", "grpo.kl_beta=0",
-                   "grpo.prompts_per_step=4", "grpo.head=train", "rollout.num_mask_steps=8",
-                   "rollout.cfg_scale=3.0", "backbone.diffusion_steps=10")
+    trainer = make(
+        tmp_path,
+        "builtin:shapes-tiny",
+        "optim.lr=1e-3",
+        "grpo.kl_beta=0",
+        "grpo.prompts_per_step=4",
+        "grpo.head=train",
+        "rollout.num_mask_steps=8",
+        "rollout.cfg_scale=3.0",
+        "backbone.diffusion_steps=10",
+    )
     before = _toy_reward(trainer)
     for _ in range(8):
         trainer.train_step()
@@ -269,17 +297,38 @@ def test_config_errors_name_the_key(tmp_path, tiny_checkpoint):
 def test_two_process_gloo_matches_one_process(tmp_path, tiny_checkpoint):
     """torchrun with 2 CPU ranks x P prompts == 1 process x 2P prompts (same per-sample seeds)."""
     # a registered reward the child processes know (the test_* rewards live only in this process)
-    common = overrides(tmp_path, tiny_checkpoint, "run.steps=1", "grpo.kl_beta=0.01", "run.save_every=1",
-                       "rewards={jpeg_incompressibility: 1.0}")
+    common = overrides(
+        tmp_path, tiny_checkpoint, "run.steps=1", "grpo.kl_beta=0.01", "run.save_every=1", "rewards={jpeg_incompressibility: 1.0}"
+    )
     env = dict(os.environ, OMP_NUM_THREADS="1")
     one = [f"run.out_dir={tmp_path / 'one'}", "grpo.prompts_per_step=4"]
     two = [f"run.out_dir={tmp_path / 'two'}", "grpo.prompts_per_step=2"]
-    subprocess.run([sys.executable, "-m", "margrpo.cli", "train", "--config", str(ROOT / "tests" / "empty.yaml"),
-                    *common, *one], check=True, env=env, capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "margrpo.cli", "train", "--config", str(ROOT / "tests" / "empty.yaml"), *common, *one],
+        check=True,
+        env=env,
+        capture_output=True,
+        timeout=300,
+    )
     result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
-         "-m", "margrpo.cli", "train", "--config", str(ROOT / "tests" / "empty.yaml"), *common, *two],
-        env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            "--standalone",
+            "-m",
+            "margrpo.cli",
+            "train",
+            "--config",
+            str(ROOT / "tests" / "empty.yaml"),
+            *common,
+            *two,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     w1, _ = ckpt.load(ckpt.latest(tmp_path / "one" / "checkpoints"))
@@ -300,10 +349,13 @@ def test_two_process_gloo_matches_one_process(tmp_path, tiny_checkpoint):
 def test_ablation_table_reports_paired_gains_with_intervals(tmp_path):
     from margrpo.train.ablate import LADDER, format_table, plot_gains, seed_stats
 
-    results = {rung: [{"before": {"heldout/overall": 0.3}, "after": {"heldout/overall": 0.3 + 0.1 * i + s,
-                                                                       "heldout/color": 0.5}, "kl": 1e-3}
-                      for s in (0.0, 0.2)]
-               for i, rung in enumerate(LADDER)}
+    results = {
+        rung: [
+            {"before": {"heldout/overall": 0.3}, "after": {"heldout/overall": 0.3 + 0.1 * i + s, "heldout/color": 0.5}, "kl": 1e-3}
+            for s in (0.0, 0.2)
+        ]
+        for i, rung in enumerate(LADDER)
+    }
     table = format_table(results).splitlines()
     assert table[0].split(" | ")[:6] == ["rung", "seeds", "overall before", "overall after", "gain mean", "gain 95% CI"]
     assert len(table) == 2 + len(LADDER)
@@ -317,7 +369,7 @@ def test_ablation_table_reports_paired_gains_with_intervals(tmp_path):
     assert float(last[7]) == pytest.approx(0.1 * i)  # the smaller gain
     stats = seed_stats([1.0, 2.0, 3.0, float("nan")])
     assert stats["n"] == 3 and stats["mean"] == 2.0 and stats["sd"] == 1.0
-    assert stats["ci95"] == pytest.approx(4.303 / 3 ** 0.5)
+    assert stats["ci95"] == pytest.approx(4.303 / 3**0.5)
     assert plot_gains(results, tmp_path / "a.png").stat().st_size > 1000
 
 
@@ -325,11 +377,14 @@ def test_micro_batches_accumulate_to_the_same_update(tmp_path, tiny_checkpoint):
     """Token weights are normalised over the whole batch, so splitting a minibatch into micro-batches
     (gradient accumulation) or by mask steps gives the same gradient as one pass."""
     grads = []
-    for extra in ([], ["grpo.micro_batches=4"], ["grpo.minibatch_over=mask_steps", "grpo.minibatches=2"],
-                  ["grpo.micro_batches=2", "grpo.micro_batch_over=mask_steps"]):
+    for extra in (
+        [],
+        ["grpo.micro_batches=4"],
+        ["grpo.minibatch_over=mask_steps", "grpo.minibatches=2"],
+        ["grpo.micro_batches=2", "grpo.micro_batch_over=mask_steps"],
+    ):
         # lr 0 and no clipping: the captured gradients of all updates add up to the full-batch gradient
-        trainer = make(tmp_path / str(len(grads)), tiny_checkpoint, "grpo.kl_beta=0.1", "optim.lr=0",
-                       "optim.grad_clip=1e9", *extra)
+        trainer = make(tmp_path / str(len(grads)), tiny_checkpoint, "grpo.kl_beta=0.1", "optim.lr=0", "optim.grad_clip=1e9", *extra)
         captured = {}
         original_step = trainer.optimizer.step
 

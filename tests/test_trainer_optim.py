@@ -2,6 +2,7 @@
 schedule (through skipped steps), gradient clipping and the head's learning rate as the optimizer
 sees them, fresh noise every step, drop_zero_variance in every advantage mode, and an on-policy
 first update under fp32, bf16 autocast and bf16 weights."""
+
 from __future__ import annotations
 
 import math
@@ -54,12 +55,28 @@ def tiny_checkpoint(tmp_path_factory):
 
 
 def make(tmp_path, checkpoint, *extra) -> Trainer:
-    return Trainer(load_config(None, [
-        f"backbone.checkpoint={checkpoint}", f"run.out_dir={tmp_path / 'run'}", "run.tensorboard=false",
-        "run.eval_every=0", "run.save_every=0", "run.threads=1", "run.max_bad_steps=100",
-        "rollout.num_mask_steps=4", "rollout.record_mask_steps=2", "rollout.record_diffusion_steps=2",
-        "grpo.group_size=4", "grpo.prompts_per_step=2", "rewards={test_optim_mean: 1.0}", f"optim.lr={LR}", *extra,
-    ]))
+    return Trainer(
+        load_config(
+            None,
+            [
+                f"backbone.checkpoint={checkpoint}",
+                f"run.out_dir={tmp_path / 'run'}",
+                "run.tensorboard=false",
+                "run.eval_every=0",
+                "run.save_every=0",
+                "run.threads=1",
+                "run.max_bad_steps=100",
+                "rollout.num_mask_steps=4",
+                "rollout.record_mask_steps=2",
+                "rollout.record_diffusion_steps=2",
+                "grpo.group_size=4",
+                "grpo.prompts_per_step=2",
+                "rewards={test_optim_mean: 1.0}",
+                f"optim.lr={LR}",
+                *extra,
+            ],
+        )
+    )
 
 
 def steps(trainer: Trainer, count: int) -> list[dict]:
@@ -76,8 +93,13 @@ def capture_optimizer_steps(trainer: Trainer) -> list[dict]:
 
     def record(optimizer, args, kwargs):
         grads = [p.grad.flatten() for p in trainer.policy.parameters() if p.grad is not None]
-        seen.append({"lrs": [g["lr"] for g in optimizer.param_groups], "grad_norm": float(torch.cat(grads).norm()),
-                     "grads": {n: p.grad.clone() for n, p in trainer.policy.named_parameters() if p.grad is not None}})
+        seen.append(
+            {
+                "lrs": [g["lr"] for g in optimizer.param_groups],
+                "grad_norm": float(torch.cat(grads).norm()),
+                "grads": {n: p.grad.clone() for n, p in trainer.policy.named_parameters() if p.grad is not None},
+            }
+        )
 
     trainer.optimizer.register_step_pre_hook(record)
     return seen
@@ -88,8 +110,14 @@ def capture_optimizer_steps(trainer: Trainer) -> list[dict]:
 def test_lr_schedule_follows_the_step_count_through_skipped_steps(tmp_path, tiny_checkpoint, schedule, nan_calls):
     warmup, total = 3, 7
     NaNOnSomeCalls.nan_calls, NaNOnSomeCalls.calls = nan_calls, 0
-    trainer = make(tmp_path, tiny_checkpoint, f"optim.warmup_steps={warmup}", f"optim.schedule={schedule}",
-                   f"run.steps={total}", "rewards={test_optim_nan_on_some_calls: 1.0}")
+    trainer = make(
+        tmp_path,
+        tiny_checkpoint,
+        f"optim.warmup_steps={warmup}",
+        f"optim.schedule={schedule}",
+        f"run.steps={total}",
+        "rewards={test_optim_nan_on_some_calls: 1.0}",
+    )
     seen = capture_optimizer_steps(trainer)
 
     def factor(step):  # linear warmup over `warmup` steps, then constant or a half cosine to `total`
@@ -101,7 +129,7 @@ def test_lr_schedule_follows_the_step_count_through_skipped_steps(tmp_path, tiny
 
     used = []
     for step in range(total):
-        metrics, = steps(trainer, 1)
+        (metrics,) = steps(trainer, 1)
         assert ("skipped" in metrics) == (step in nan_calls)
         if step not in nan_calls:
             used.append((step, seen[len(used)]["lrs"][0]))
@@ -123,8 +151,7 @@ def test_optimizer_steps_see_gradients_clipped_to_optim_grad_clip(tmp_path, tiny
 
 @pytest.mark.parametrize("head,scale", [("low_lr", 0.1), ("low_lr", 0.25), ("train", 1.0)])
 def test_a_trained_head_gets_its_own_learning_rate(tmp_path, tiny_checkpoint, head, scale):
-    trainer = make(tmp_path, tiny_checkpoint, f"grpo.head={head}", f"grpo.head_lr_scale={scale}", "grpo.kl_beta=0",
-                   "optim.lr=1e-2")
+    trainer = make(tmp_path, tiny_checkpoint, f"grpo.head={head}", f"grpo.head_lr_scale={scale}", "grpo.kl_beta=0", "optim.lr=1e-2")
     head_ids = {id(p) for p in trainer.policy.head.parameters()}
     groups = trainer.optimizer.param_groups
     assert [{id(p) for p in g["params"]} == head_ids for g in groups] == [False, True]
@@ -166,8 +193,16 @@ class SummedGradients(torch.optim.SGD):
 
 @pytest.mark.parametrize("mode", ["group", "batch_std", "no_std", "tracker"])
 def test_drop_zero_variance_trains_as_if_the_flat_groups_were_not_there(tmp_path, tiny_checkpoint, monkeypatch, mode):
-    trainer = make(tmp_path, tiny_checkpoint, f"grpo.advantage={mode}", "grpo.drop_zero_variance=true",
-                   "grpo.kl_beta=0", "optim.lr=0", "optim.grad_clip=1e9", "rewards={test_optim_first_group_flat: 1.0}")
+    trainer = make(
+        tmp_path,
+        tiny_checkpoint,
+        f"grpo.advantage={mode}",
+        "grpo.drop_zero_variance=true",
+        "grpo.kl_beta=0",
+        "optim.lr=0",
+        "optim.grad_clip=1e9",
+        "rewards={test_optim_first_group_flat: 1.0}",
+    )
     calls = []
 
     def spy(policy, reference, rollout, advantages, config, optimizer, **kwargs):
@@ -177,7 +212,7 @@ def test_drop_zero_variance_trains_as_if_the_flat_groups_were_not_there(tmp_path
     monkeypatch.setattr(trainer_module, "update", spy)
     seen = capture_optimizer_steps(trainer)
     trainer.train_step()
-    (rollout, advantages), = calls
+    ((rollout, advantages),) = calls
     rows = torch.arange(4, 8)  # the second group; the first one's rewards are all equal
     names = [n for n, p in trainer.policy.named_parameters() if p.requires_grad]
     optimizer = SummedGradients([p for p in trainer.policy.parameters() if p.requires_grad])
@@ -188,19 +223,34 @@ def test_drop_zero_variance_trains_as_if_the_flat_groups_were_not_there(tmp_path
 
 
 # ---------------------------------------------------------------- on-policy first update
-@pytest.mark.parametrize("numerics", [[], ["optim.bf16=true"], ["backbone.dtype=bfloat16"],
-                                      ["optim.bf16=true", "grpo.micro_batches=2", "grpo.micro_batch_over=mask_steps"],
-                                      ["backbone.dtype=bfloat16", "grpo.pixels_per_token=4"]],
-                         ids=["fp32", "bf16-autocast", "bf16-weights", "bf16-micro-batches", "bf16-weights-pixels"])
+@pytest.mark.parametrize(
+    "numerics",
+    [
+        [],
+        ["optim.bf16=true"],
+        ["backbone.dtype=bfloat16"],
+        ["optim.bf16=true", "grpo.micro_batches=2", "grpo.micro_batch_over=mask_steps"],
+        ["backbone.dtype=bfloat16", "grpo.pixels_per_token=4"],
+    ],
+    ids=["fp32", "bf16-autocast", "bf16-weights", "bf16-micro-batches", "bf16-weights-pixels"],
+)
 def test_first_update_is_on_policy_under_every_numerics(tmp_path, numerics):
     """The ratio of the first update is 1 to fp32 rounding: the old log-probs are the training
     likelihood's own when its numerics differ from the rollout's (before: ratio_max 2.5 to 9 under
     bf16). The shipped pretrained model: a random-init one happens to round alike in both paths
     with bf16 weights."""
-    trainer = make(tmp_path, "builtin:shapes-tiny", "backbone.diffusion_steps=6", "rollout.num_seeds=2",
-                   "rollout.likelihood_positions=unknown",
-                   "grpo.mte=true", "grpo.consistency=true", "grpo.consistency_start_step=1", "grpo.kl_beta=0.1",
-                   *numerics)
+    trainer = make(
+        tmp_path,
+        "builtin:shapes-tiny",
+        "backbone.diffusion_steps=6",
+        "rollout.num_seeds=2",
+        "rollout.likelihood_positions=unknown",
+        "grpo.mte=true",
+        "grpo.consistency=true",
+        "grpo.consistency_start_step=1",
+        "grpo.kl_beta=0.1",
+        *numerics,
+    )
     metrics = trainer.train_step()
     assert "skipped" not in metrics
     assert metrics["clip_fraction"] == 0.0

@@ -7,6 +7,7 @@ allocated with torch.empty, which the `poison_uninitialized` fixture fills with 
 True, so an element a kernel forgets to write fails. The last tests compile every kernel ahead of
 time for Hopper (sm_90) and check that no launcher configuration spills registers.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,6 +39,7 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.interpreter"),
 ]
 
+
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
@@ -50,9 +52,15 @@ def check(actual: torch.Tensor, expected: torch.Tensor, input_dtype: torch.dtype
 
 # ------------------------------------------------------------------ gaussian log-prob
 GAUSSIAN_CASES = [  # (R, C, per-row std, dtype)
-    (1, 1, True, torch.float64), (5, 3, False, torch.float64), (37, 17, True, torch.float64),
-    (37, 16, False, torch.float32), (5, 3, True, torch.float32), (3, 300, True, torch.float32),
-    (3, 300, False, torch.float64), (37, 17, False, torch.bfloat16), (5, 16, True, torch.float16),
+    (1, 1, True, torch.float64),
+    (5, 3, False, torch.float64),
+    (37, 17, True, torch.float64),
+    (37, 16, False, torch.float32),
+    (5, 3, True, torch.float32),
+    (3, 300, True, torch.float32),
+    (3, 300, False, torch.float64),
+    (37, 17, False, torch.bfloat16),
+    (5, 16, True, torch.float16),
 ]
 
 
@@ -87,8 +95,15 @@ def test_gaussian_logprob_nonpositive_std_is_nan(gen, per_row):
 # ------------------------------------------------------------------ trajectory std
 @pytest.mark.parametrize(
     "K,M,C,dtype",
-    [(2, 1, 1, torch.float64), (3, 5, 3, torch.float32), (5, 37, 16, torch.float64),
-     (8, 37, 17, torch.float32), (4, 5, 100, torch.float64), (3, 37, 16, torch.bfloat16), (2, 5, 17, torch.float16)],
+    [
+        (2, 1, 1, torch.float64),
+        (3, 5, 3, torch.float32),
+        (5, 37, 16, torch.float64),
+        (8, 37, 17, torch.float32),
+        (4, 5, 100, torch.float64),
+        (3, 37, 16, torch.bfloat16),
+        (2, 5, 17, torch.float16),
+    ],
 )
 def test_trajectory_std_matches_reference(gen, K, M, C, dtype):
     samples = randn(gen, K, M, C, dtype=dtype, device=DEVICE)
@@ -147,8 +162,14 @@ def test_topk_ranks_fp64_beyond_fp32_precision():
 # ------------------------------------------------------------------ consistency mask
 @pytest.mark.parametrize(
     "M,C,dtype",
-    [(1, 1, torch.float64), (5, 3, torch.float32), (37, 16, torch.float64), (37, 17, torch.float32),
-     (5, 100, torch.float64), (37, 16, torch.bfloat16)],
+    [
+        (1, 1, torch.float64),
+        (5, 3, torch.float32),
+        (37, 16, torch.float64),
+        (37, 17, torch.float32),
+        (5, 100, torch.float64),
+        (37, 16, torch.bfloat16),
+    ],
 )
 def test_consistency_mask_matches_reference(gen, M, C, dtype):
     prev, cur, final = (randn(gen, M, C, dtype=dtype, device=DEVICE) for _ in range(3))
@@ -198,8 +219,7 @@ def check_surrogate(args, clip_low, clip_high, dtype):
 
 @pytest.mark.parametrize(
     "T,B,L,dtype",
-    [(1, 1, 1, torch.float64), (3, 5, 37, torch.float32), (4, 3, 50, torch.float64), (2, 3, 1, torch.bfloat16),
-     (3, 2, 17, torch.float16)],
+    [(1, 1, 1, torch.float64), (3, 5, 37, torch.float32), (4, 3, 50, torch.float64), (2, 3, 1, torch.bfloat16), (3, 2, 17, torch.float16)],
 )
 def test_grpo_surrogate_matches_reference(gen, T, B, L, dtype):
     args = surrogate_inputs(gen, T, B, L, dtype)
@@ -244,8 +264,11 @@ def test_empty_inputs_match_reference():
     values where there is (empty sum 0, empty mean NaN, ratio_max 1)."""
     no_channels, ones = torch.zeros(3, 0, device=DEVICE), torch.ones(3, 1, device=DEVICE)
     for reduce in (ref.REDUCE_NONE, ref.REDUCE_SUM, ref.REDUCE_MEAN):
-        check(gaussian_logprob.gaussian_logprob_fwd(no_channels, no_channels, ones, reduce),
-              ref.gaussian_logprob_fwd(no_channels, no_channels, ones, reduce), torch.float32)
+        check(
+            gaussian_logprob.gaussian_logprob_fwd(no_channels, no_channels, ones, reduce),
+            ref.gaussian_logprob_fwd(no_channels, no_channels, ones, reduce),
+            torch.float32,
+        )
     grads = gaussian_logprob.gaussian_logprob_bwd(torch.ones(3, device=DEVICE), no_channels, no_channels, ones, ref.REDUCE_SUM)
     for a, e in zip(grads, ref.gaussian_logprob_bwd(torch.ones(3, device=DEVICE), no_channels, no_channels, ones, ref.REDUCE_SUM)):
         check(a, e, torch.float32)
@@ -255,8 +278,13 @@ def test_empty_inputs_match_reference():
     assert topk.topk_indices_fwd(torch.zeros(2, 0, device=DEVICE), 0).shape == (2, 0)
     assert topk.topk_mask_fwd(torch.zeros(0, 5, device=DEVICE), 2).shape == (0, 5)
     logp = torch.zeros(2, 3, 0, device=DEVICE)
-    no_tokens = (logp, logp, torch.zeros(3, device=DEVICE), torch.zeros(3, 0, device=DEVICE),
-                 torch.zeros(3, 0, dtype=torch.bool, device=DEVICE))
+    no_tokens = (
+        logp,
+        logp,
+        torch.zeros(3, device=DEVICE),
+        torch.zeros(3, 0, device=DEVICE),
+        torch.zeros(3, 0, dtype=torch.bool, device=DEVICE),
+    )
     loss, stats, grad = grpo_surrogate.grpo_surrogate_fwd(*no_tokens, 0.2, 0.2)
     assert loss == 0 and stats.tolist() == [0.0, 0.0, 0.0, 1.0] and grad.shape == (2, 3, 0)
 
@@ -292,40 +320,104 @@ def _aot_cases():
     gs_block = grpo_surrogate._block(48 * 1024)
     c_blocks = consistency._blocks(48 * 1024, 16)
     g_sig = dict(x_ptr="*bf16", mean_ptr="*bf16", std_ptr=f32, out_ptr=f32, R="i32", C="i32")
-    g_bwd_sig = dict(grad_ptr=f32, x_ptr="*bf16", mean_ptr="*bf16", std_ptr=f32, grad_x_ptr=f32, grad_mean_ptr=f32,
-                     grad_std_ptr=f32, R="i32", C="i32")
+    g_bwd_sig = dict(
+        grad_ptr=f32, x_ptr="*bf16", mean_ptr="*bf16", std_ptr=f32, grad_x_ptr=f32, grad_mean_ptr=f32, grad_std_ptr=f32, R="i32", C="i32"
+    )
     g_const = dict(BLOCK_R=g_blocks[0], BLOCK_C=g_blocks[1])
     s_const = dict(BLOCK_K=s_blocks[0], BLOCK_M=s_blocks[1], BLOCK_C=s_blocks[2])
     sort_sig = dict(scores_ptr="*bf16", candidates_ptr="*i32", out_ptr="*i64", N="i32", n_sort="i32", k="i32")
     return [
-        ("gaussian_fwd_sum_row_std", gaussian_logprob._gaussian_logprob_fwd_kernel, g_sig,
-         dict(REDUCE=ref.REDUCE_SUM, STD_PER_ROW=True, **g_const), g_blocks[0] * g_blocks[1]),
-        ("gaussian_fwd_none_elem_std", gaussian_logprob._gaussian_logprob_fwd_kernel, g_sig,
-         dict(REDUCE=ref.REDUCE_NONE, STD_PER_ROW=False, **g_const), g_blocks[0] * g_blocks[1]),
-        ("gaussian_bwd_sum_row_std", gaussian_logprob._gaussian_logprob_bwd_kernel, g_bwd_sig,
-         dict(REDUCE=ref.REDUCE_SUM, STD_PER_ROW=True, **g_const), g_blocks[0] * g_blocks[1]),
-        ("gaussian_bwd_none_elem_std", gaussian_logprob._gaussian_logprob_bwd_kernel, g_bwd_sig,
-         dict(REDUCE=ref.REDUCE_NONE, STD_PER_ROW=False, **g_const), g_blocks[0] * g_blocks[1]),
-        ("trajectory_std_fwd", trajectory_std._trajectory_std_fwd_kernel,
-         dict(samples_ptr="*bf16", out_ptr=f32, K="i32", M="i32", C="i32"), s_const, s_blocks[0] * s_blocks[1] * s_blocks[2]),
-        ("trajectory_std_bwd", trajectory_std._trajectory_std_bwd_kernel,
-         dict(grad_out_ptr=f32, samples_ptr="*bf16", grad_ptr=f32, K="i32", M="i32", C="i32"), s_const,
-         s_blocks[0] * s_blocks[1] * s_blocks[2]),
-        ("consistency_mask", consistency._consistency_mask_kernel,
-         dict(prev_ptr="*bf16", cur_ptr="*bf16", final_ptr="*bf16", out_ptr="*i1", M="i32", C="i32", threshold="fp32"),
-         dict(COMPUTE_DTYPE=tl.float32, TINY=torch.finfo(torch.float32).tiny, BLOCK_M=c_blocks[0], BLOCK_C=c_blocks[1]),
-         c_blocks[0] * c_blocks[1]),
-        ("grpo_surrogate", grpo_surrogate._grpo_surrogate_kernel,
-         dict(logp_ptr=f32, old_logp_ptr=f32, adv_ptr=f32, weights_ptr=f32, mte_ptr="*i1", grad_ptr=f32, partials_ptr=f32,
-              T="i32", L="i32", BL="i32", ratio_low="fp32", ratio_high="fp32"), dict(BLOCK=gs_block), gs_block),
-        ("grpo_finalize", grpo_surrogate._grpo_finalize_kernel,
-         dict(partials_ptr=f32, loss_ptr=f32, stats_ptr=f32, n="i32"), dict(BLOCK=256), 256),
-        ("topk_select_mask_fp32", topk._topk_select_kernel, dict(scores_ptr=f32, out_ptr="*i1", N="i32", k="i32"),
-         dict(KEY_BITS=32, WRITE_INDICES=False, BLOCK=topk.MAX_SELECT_BLOCK), topk.MAX_SELECT_BLOCK),
-        ("topk_select_indices_fp64", topk._topk_select_kernel, dict(scores_ptr="*fp64", out_ptr="*i32", N="i32", k="i32"),
-         dict(KEY_BITS=64, WRITE_INDICES=True, BLOCK=topk.MAX_SELECT_BLOCK), topk.MAX_SELECT_BLOCK),
-        ("topk_sort_128", topk._topk_sort_kernel, sort_sig,
-         dict(KEY_BITS=32, FROM_CANDIDATES=True, LOG_BLOCK=7, BLOCK=128), 128),
+        (
+            "gaussian_fwd_sum_row_std",
+            gaussian_logprob._gaussian_logprob_fwd_kernel,
+            g_sig,
+            dict(REDUCE=ref.REDUCE_SUM, STD_PER_ROW=True, **g_const),
+            g_blocks[0] * g_blocks[1],
+        ),
+        (
+            "gaussian_fwd_none_elem_std",
+            gaussian_logprob._gaussian_logprob_fwd_kernel,
+            g_sig,
+            dict(REDUCE=ref.REDUCE_NONE, STD_PER_ROW=False, **g_const),
+            g_blocks[0] * g_blocks[1],
+        ),
+        (
+            "gaussian_bwd_sum_row_std",
+            gaussian_logprob._gaussian_logprob_bwd_kernel,
+            g_bwd_sig,
+            dict(REDUCE=ref.REDUCE_SUM, STD_PER_ROW=True, **g_const),
+            g_blocks[0] * g_blocks[1],
+        ),
+        (
+            "gaussian_bwd_none_elem_std",
+            gaussian_logprob._gaussian_logprob_bwd_kernel,
+            g_bwd_sig,
+            dict(REDUCE=ref.REDUCE_NONE, STD_PER_ROW=False, **g_const),
+            g_blocks[0] * g_blocks[1],
+        ),
+        (
+            "trajectory_std_fwd",
+            trajectory_std._trajectory_std_fwd_kernel,
+            dict(samples_ptr="*bf16", out_ptr=f32, K="i32", M="i32", C="i32"),
+            s_const,
+            s_blocks[0] * s_blocks[1] * s_blocks[2],
+        ),
+        (
+            "trajectory_std_bwd",
+            trajectory_std._trajectory_std_bwd_kernel,
+            dict(grad_out_ptr=f32, samples_ptr="*bf16", grad_ptr=f32, K="i32", M="i32", C="i32"),
+            s_const,
+            s_blocks[0] * s_blocks[1] * s_blocks[2],
+        ),
+        (
+            "consistency_mask",
+            consistency._consistency_mask_kernel,
+            dict(prev_ptr="*bf16", cur_ptr="*bf16", final_ptr="*bf16", out_ptr="*i1", M="i32", C="i32", threshold="fp32"),
+            dict(COMPUTE_DTYPE=tl.float32, TINY=torch.finfo(torch.float32).tiny, BLOCK_M=c_blocks[0], BLOCK_C=c_blocks[1]),
+            c_blocks[0] * c_blocks[1],
+        ),
+        (
+            "grpo_surrogate",
+            grpo_surrogate._grpo_surrogate_kernel,
+            dict(
+                logp_ptr=f32,
+                old_logp_ptr=f32,
+                adv_ptr=f32,
+                weights_ptr=f32,
+                mte_ptr="*i1",
+                grad_ptr=f32,
+                partials_ptr=f32,
+                T="i32",
+                L="i32",
+                BL="i32",
+                ratio_low="fp32",
+                ratio_high="fp32",
+            ),
+            dict(BLOCK=gs_block),
+            gs_block,
+        ),
+        (
+            "grpo_finalize",
+            grpo_surrogate._grpo_finalize_kernel,
+            dict(partials_ptr=f32, loss_ptr=f32, stats_ptr=f32, n="i32"),
+            dict(BLOCK=256),
+            256,
+        ),
+        (
+            "topk_select_mask_fp32",
+            topk._topk_select_kernel,
+            dict(scores_ptr=f32, out_ptr="*i1", N="i32", k="i32"),
+            dict(KEY_BITS=32, WRITE_INDICES=False, BLOCK=topk.MAX_SELECT_BLOCK),
+            topk.MAX_SELECT_BLOCK,
+        ),
+        (
+            "topk_select_indices_fp64",
+            topk._topk_select_kernel,
+            dict(scores_ptr="*fp64", out_ptr="*i32", N="i32", k="i32"),
+            dict(KEY_BITS=64, WRITE_INDICES=True, BLOCK=topk.MAX_SELECT_BLOCK),
+            topk.MAX_SELECT_BLOCK,
+        ),
+        ("topk_sort_128", topk._topk_sort_kernel, sort_sig, dict(KEY_BITS=32, FROM_CANDIDATES=True, LOG_BLOCK=7, BLOCK=128), 128),
     ]
 
 
@@ -358,8 +450,12 @@ def compile_for_hopper() -> dict[str, dict]:
         compiled = triton.compile(
             ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps}
         )
-        report[name] = {"sm_90": ".target sm_90" in compiled.asm["ptx"], "cubin": len(compiled.asm["cubin"]),
-                        "num_warps": num_warps, "usage": _resource_usage(compiled.asm["cubin"])}
+        report[name] = {
+            "sm_90": ".target sm_90" in compiled.asm["ptx"],
+            "cubin": len(compiled.asm["cubin"]),
+            "num_warps": num_warps,
+            "usage": _resource_usage(compiled.asm["cubin"]),
+        }
     return report
 
 

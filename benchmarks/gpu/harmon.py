@@ -24,6 +24,7 @@ the timed calls of each path. The JSON is rewritten after the rollouts and after
     python benchmarks/gpu/harmon.py --tiny             # CPU, tiny dims, seconds
     python benchmarks/gpu/harmon.py --out results/     # the real-size run (H200: about a minute)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,12 @@ from margrpo.models import harmon
 from margrpo.rollout import RolloutConfig, choose_plan, effective_steps, generate, mask_schedule
 from margrpo.rollout.guidance import guidance_for, head_condition, prompt_rows
 
-PROMPTS = ("a photo of a cat sitting on a red sofa", "a blue car parked next to a tall tree",
-           "two dogs playing in the snow", "a bowl of fruit on a wooden table")
+PROMPTS = (
+    "a photo of a cat sitting on a red sofa",
+    "a blue car parked next to a tall tree",
+    "two dogs playing in the snow",
+    "a bowl of fruit on a wooden table",
+)
 
 
 @dataclasses.dataclass
@@ -65,10 +70,30 @@ class Setting:
     warmup_mask_steps: int  # the warm-up GRPO steps' schedule (every kernel runs; shorter than the timed one)
 
 
-FULL = Setting("harmon-1.5b-random", torch.bfloat16, batch=4, mask_steps=64, diffusion_steps=25, num_seeds=5,
-               record_mask_steps=12, record_diffusion_steps=10, repeats=1, warmup_mask_steps=8)
-TINY = Setting("harmon-tiny", torch.float32, batch=2, mask_steps=4, diffusion_steps=4, num_seeds=2,
-               record_mask_steps=2, record_diffusion_steps=2, repeats=1, warmup_mask_steps=3)
+FULL = Setting(
+    "harmon-1.5b-random",
+    torch.bfloat16,
+    batch=4,
+    mask_steps=64,
+    diffusion_steps=25,
+    num_seeds=5,
+    record_mask_steps=12,
+    record_diffusion_steps=10,
+    repeats=1,
+    warmup_mask_steps=8,
+)
+TINY = Setting(
+    "harmon-tiny",
+    torch.float32,
+    batch=2,
+    mask_steps=4,
+    diffusion_steps=4,
+    num_seeds=2,
+    record_mask_steps=2,
+    record_diffusion_steps=2,
+    repeats=1,
+    warmup_mask_steps=3,
+)
 
 
 # ---------------------------------------------------------------------- the reference code's way
@@ -99,8 +124,15 @@ def reference_rollout(model, prompts: list[str], config: RolloutConfig, sampler,
         positions = every if j is not None else revealed
         noise = torch.randn(sampler.num_steps + 1, 1, positions.numel(), C, generator=generator, device=device)
         cfg = guidance_for(config, config.cfg_scale_at(start + n, N))
-        out = eager_multi_seed_denoise(model.head, head_condition(z, rows, positions), sampler, 0, noise, cfg=cfg,
-                                       record_steps=plan.diffusion_steps[j] if j is not None else ())
+        out = eager_multi_seed_denoise(
+            model.head,
+            head_condition(z, rows, positions),
+            sampler,
+            0,
+            noise,
+            cfg=cfg,
+            record_steps=plan.diffusion_steps[j] if j is not None else (),
+        )
         values = out.x0[0].reshape(B, -1, C).to(canvas.dtype)
         if j is not None:
             kept[j] = (canvas.clone(), known.clone(), out)
@@ -114,10 +146,12 @@ def reference_rollout(model, prompts: list[str], config: RolloutConfig, sampler,
     chains = []
     for _ in range(K):
         noise = torch.randn(sampler.num_steps + 1, 1, B * N, C, generator=generator, device=device)
-        chains.append(eager_multi_seed_denoise(model.head, all_rows, sampler, 0, noise, cfg=cfg,
-                                               record_steps=range(sampler.num_steps)))
-    seeds = MultiSeedSamples(torch.cat([c.x0 for c in chains]), chains[0].steps,
-                             *(torch.cat([getattr(c, f) for c in chains], 1) for f in ("x_t", "x_prev", "mean", "std", "logp")))
+        chains.append(eager_multi_seed_denoise(model.head, all_rows, sampler, 0, noise, cfg=cfg, record_steps=range(sampler.num_steps)))
+    seeds = MultiSeedSamples(
+        torch.cat([c.x0 for c in chains]),
+        chains[0].steps,
+        *(torch.cat([getattr(c, f) for c in chains], 1) for f in ("x_t", "x_prev", "mean", "std", "logp")),
+    )
     return model.decode(canvas), kept, seeds
 
 
@@ -127,8 +161,19 @@ def _subset(record: MultiSeedSamples, steps: tuple[int, ...]) -> MultiSeedSample
     return MultiSeedSamples(record.x0, tuple(steps), **picked)
 
 
-def reference_update(model, reference, optimizer, prompts: list[str], config: RolloutConfig, sampler, plan, kept,
-                     seeds, advantages: torch.Tensor, kl_beta: float = 0.01) -> None:
+def reference_update(
+    model,
+    reference,
+    optimizer,
+    prompts: list[str],
+    config: RolloutConfig,
+    sampler,
+    plan,
+    kept,
+    seeds,
+    advantages: torch.Tensor,
+    kl_beta: float = 0.01,
+) -> None:
     """The reference update: per kept mask step, the unguided policy and reference z of all tokens,
     per-seed log-prob loops, REINFORCE + k3 KL on log-probs, backward and an optimizer step.
 
@@ -146,8 +191,13 @@ def reference_update(model, reference, optimizer, prompts: list[str], config: Ro
         z_leaf = z.detach().requires_grad_(True)
         with torch.no_grad():
             z_ref = reference.forward_z(ref_rows.batch, canvas, known).reshape(B * N, -1)
-        records = [main, *(_subset(dataclasses.replace(seeds, x_t=seeds.x_t[:, k:k + 1], x_prev=seeds.x_prev[:, k:k + 1]),
-                                   plan.diffusion_steps[j]) for k in range(seeds.x_t.shape[1]))]
+        records = [
+            main,
+            *(
+                _subset(dataclasses.replace(seeds, x_t=seeds.x_t[:, k : k + 1], x_prev=seeds.x_prev[:, k : k + 1]), plan.diffusion_steps[j])
+                for k in range(seeds.x_t.shape[1])
+            ),
+        ]
         for record in records:  # one Python loop per trajectory, as the reference scores its seeds
             logp = eager_denoise_logprob(model.head, z_leaf, sampler, record)[:, 0]  # [R, B*N]
             with torch.no_grad():
@@ -216,9 +266,15 @@ def run(out_dir: str | Path, tiny: bool = False, device: str | torch.device | No
         """(rollout config, plan) of a schedule of `mask_steps` mask steps."""
         counts = mask_schedule(model.num_tokens, mask_steps, "harmon")
         record = min(setting.record_mask_steps, len(effective_steps(counts)) - 1)
-        config = RolloutConfig(num_mask_steps=mask_steps, schedule="harmon", cfg_scale=3.0, cfg_channels="eps",
-                               num_seeds=setting.num_seeds, record_mask_steps=record,
-                               record_diffusion_steps=setting.record_diffusion_steps)
+        config = RolloutConfig(
+            num_mask_steps=mask_steps,
+            schedule="harmon",
+            cfg_scale=3.0,
+            cfg_channels="eps",
+            num_seeds=setting.num_seeds,
+            record_mask_steps=record,
+            record_diffusion_steps=setting.record_diffusion_steps,
+        )
         plan = choose_plan(counts, sampler, record, setting.record_diffusion_steps, torch.Generator().manual_seed(0))
         return config, plan
 
@@ -257,31 +313,50 @@ def run(out_dir: str | Path, tiny: bool = False, device: str | torch.device | No
     ms: dict[str, float] = {}
     peaks: dict[str, float] = {}
     # interleaved timed rounds, the rollouts (with the S backbone passes alone) then the GRPO steps
-    for what, paths in (("rollout", {"backbone": lambda: backbone_only(model, prompts, full[0]),
-                                     "fused_rollout": lambda: fused_rollout(*full), "ref_rollout": lambda: ref_rollout(*full)}),
-                        ("step", {"fused_step": lambda: fused_step(*full), "ref_step": lambda: ref_step(*full)})):
+    for what, paths in (
+        (
+            "rollout",
+            {
+                "backbone": lambda: backbone_only(model, prompts, full[0]),
+                "fused_rollout": lambda: fused_rollout(*full),
+                "ref_rollout": lambda: ref_rollout(*full),
+            },
+        ),
+        ("step", {"fused_step": lambda: fused_step(*full), "ref_step": lambda: ref_step(*full)}),
+    ):
         timed = median_ms({k: with_peak(fn, device, peaks, k) for k, fn in paths.items()}, device, setting.repeats, warmup=0)
         model.eval()
         ms.update(timed)
         for key, value in timed.items():
             path = key.split("_")[0]
-            row = {"what": what, "path": {"ref": "reference"}.get(path, path), "images": setting.batch, "ms": value,
-                   "images_per_s": setting.batch / (value / 1e3), "peak_mb": peaks[key] * 1024 if device.type == "cuda" else None}
+            row = {
+                "what": what,
+                "path": {"ref": "reference"}.get(path, path),
+                "images": setting.batch,
+                "ms": value,
+                "images_per_s": setting.batch / (value / 1e3),
+                "peak_mb": peaks[key] * 1024 if device.type == "cuda" else None,
+            }
             print(f"[harmon] {what:<8} {row['path']:<10} {value:10.1f} ms", flush=True)
             report.add(row)
     mb = {k: (peaks[k] * 1024 if device.type == "cuda" else None) for k in peaks}
     result = {
-        "benchmark": "harmon", "setting": setting_json,
+        "benchmark": "harmon",
+        "setting": setting_json,
         "machine": machine_description(device),
         "backbone_ms": ms["backbone"],
-        "fused_rollout_ms": ms["fused_rollout"], "reference_rollout_ms": ms["ref_rollout"],
-        "fused_step_ms": ms["fused_step"], "reference_step_ms": ms["ref_step"],
+        "fused_rollout_ms": ms["fused_rollout"],
+        "reference_rollout_ms": ms["ref_rollout"],
+        "fused_step_ms": ms["fused_step"],
+        "reference_step_ms": ms["ref_step"],
         "rollout_speedup": ms["ref_rollout"] / ms["fused_rollout"],
         # the head's share of a rollout: what the two rollouts do differently
         "head_speedup": (ms["ref_rollout"] - ms["backbone"]) / max(ms["fused_rollout"] - ms["backbone"], 1e-9),
         "step_speedup": ms["ref_step"] / ms["fused_step"],
-        "fused_rollout_peak_mb": mb["fused_rollout"], "reference_rollout_peak_mb": mb["ref_rollout"],
-        "fused_step_peak_mb": mb["fused_step"], "reference_step_peak_mb": mb["ref_step"],
+        "fused_rollout_peak_mb": mb["fused_rollout"],
+        "reference_rollout_peak_mb": mb["ref_rollout"],
+        "fused_step_peak_mb": mb["fused_step"],
+        "reference_step_peak_mb": mb["ref_step"],
         "wall_s": time.perf_counter() - began,
         "rows": report.rows,
     }
@@ -291,14 +366,19 @@ def run(out_dir: str | Path, tiny: bool = False, device: str | torch.device | No
 
 def format_table(result: dict) -> str:
     """A short text table of a run() result."""
-    lines = [f"Harmon ({result['setting']['preset']}, {result['machine']['device']})",
-             f"{'':<10} {'fused ms':>10} {'ref ms':>10} {'speedup':>8}"]
+    lines = [
+        f"Harmon ({result['setting']['preset']}, {result['machine']['device']})",
+        f"{'':<10} {'fused ms':>10} {'ref ms':>10} {'speedup':>8}",
+    ]
     for part in ("rollout", "step"):
-        lines.append(f"{part:<10} {result[f'fused_{part}_ms']:>10.1f} {result[f'reference_{part}_ms']:>10.1f} "
-                     f"{result[f'{part}_speedup']:>7.2f}x")
-    lines.append(f"{'head':<10} {result['fused_rollout_ms'] - result['backbone_ms']:>10.1f} "
-                 f"{result['reference_rollout_ms'] - result['backbone_ms']:>10.1f} {result['head_speedup']:>7.2f}x"
-                 f"   (rollout minus the {result['backbone_ms']:.1f} ms of its S backbone passes)")
+        lines.append(
+            f"{part:<10} {result[f'fused_{part}_ms']:>10.1f} {result[f'reference_{part}_ms']:>10.1f} {result[f'{part}_speedup']:>7.2f}x"
+        )
+    lines.append(
+        f"{'head':<10} {result['fused_rollout_ms'] - result['backbone_ms']:>10.1f} "
+        f"{result['reference_rollout_ms'] - result['backbone_ms']:>10.1f} {result['head_speedup']:>7.2f}x"
+        f"   (rollout minus the {result['backbone_ms']:.1f} ms of its S backbone passes)"
+    )
     if result["fused_step_peak_mb"] is not None:
         lines.append(f"step peak MB {result['fused_step_peak_mb']:>8.0f} {result['reference_step_peak_mb']:>10.0f}")
     return "\n".join(lines)
@@ -313,14 +393,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--record-mask-steps", type=int, help="recorded (trained) mask steps (default: 12)")
     parser.add_argument("--warmup-mask-steps", type=int, help="mask steps of the warm-up steps (default: 8)")
     parser.add_argument("--repeats", type=int, help="interleaved timed rounds per path (default: 1)")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"),
-                        help="model dtype (default: bfloat16, float32 with --tiny; --tiny --dtype bfloat16 rehearses the GPU's)")
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        help="model dtype (default: bfloat16, float32 with --tiny; --tiny --dtype bfloat16 rehearses the GPU's)",
+    )
     args = parser.parse_args(argv)
     if args.tiny:
         torch.set_num_threads(1)  # tiny ops: more threads only spin on a shared CPU
-    print(format_table(run(args.out, tiny=args.tiny, device=args.device, mask_steps=args.mask_steps,
-                           record_mask_steps=args.record_mask_steps, warmup_mask_steps=args.warmup_mask_steps,
-                           repeats=args.repeats, dtype=getattr(torch, args.dtype) if args.dtype else None)))
+    print(
+        format_table(
+            run(
+                args.out,
+                tiny=args.tiny,
+                device=args.device,
+                mask_steps=args.mask_steps,
+                record_mask_steps=args.record_mask_steps,
+                warmup_mask_steps=args.warmup_mask_steps,
+                repeats=args.repeats,
+                dtype=getattr(torch, args.dtype) if args.dtype else None,
+            )
+        )
+    )
     return 0
 
 

@@ -11,6 +11,7 @@ Table: `python benchmarks/gpu/kernel_results.py FILE [CRASHES]` prints a markdow
 failed / skipped / crashed tests per op x backend x dtype; CRASHES is run.sh's kernels_crashes.txt
 (a test that started and never ended is "crashed" when listed there, else "unfinished": a time limit).
 """
+
 from __future__ import annotations
 
 import json
@@ -21,9 +22,17 @@ from pathlib import Path
 
 ENV = "MARGRPO_KERNEL_RESULTS"
 # substrings of a test's function (then file) name -> the op it checks
-OPS = (("gaussian_logprob", "gaussian_logprob"), ("trajectory_std", "trajectory_std"), ("topk", "topk"),
-       ("consistency", "consistency_mask"), ("grpo", "grpo_surrogate"), ("ln_modulate", "adaln"),
-       ("gate_residual", "adaln"), ("adaln", "adaln"), ("errors_name", "error paths"))
+OPS = (
+    ("gaussian_logprob", "gaussian_logprob"),
+    ("trajectory_std", "trajectory_std"),
+    ("topk", "topk"),
+    ("consistency", "consistency_mask"),
+    ("grpo", "grpo_surrogate"),
+    ("ln_modulate", "adaln"),
+    ("gate_residual", "adaln"),
+    ("adaln", "adaln"),
+    ("errors_name", "error paths"),
+)
 OUTCOMES = ("passed", "failed", "skipped", "crashed", "unfinished")
 
 

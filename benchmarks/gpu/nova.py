@@ -5,6 +5,7 @@ random init at the real sizes; margrpo.bench.models.bench_nova). Writes OUT/nova
     python benchmarks/gpu/nova.py --out OUT --mask-steps 16 --record-mask-steps 3   # the GPU script's cut (~35 s)
     python benchmarks/gpu/nova.py --out OUT --tiny     # the tiny preset on CPU: checks this script
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,10 @@ def format_table(result: dict) -> str:
     lines = [f"{'what':<10} {'path':<10} {'ms':>10} {'img/s':>8} {'peak GiB':>9}"]
     lines += [f"{r['what']:<10} {r['path']:<10} {r['ms']:>10.1f} {r['images_per_s']:>8.3f} {r['peak_gib']:>9.2f}" for r in result["rows"]]
     speed = result["speedup"]
-    lines.append(f"speedup vs reference: rollout {speed['rollout']:.2f}x, GRPO step {speed['grpo_step']:.2f}x "
-                 f"(target >= {TARGET_GRPO_SPEEDUP:g}x: {'met' if result['meets_target'] else 'NOT met'})")
+    lines.append(
+        f"speedup vs reference: rollout {speed['rollout']:.2f}x, GRPO step {speed['grpo_step']:.2f}x "
+        f"(target >= {TARGET_GRPO_SPEEDUP:g}x: {'met' if result['meets_target'] else 'NOT met'})"
+    )
     return "\n".join(lines)
 
 
@@ -55,16 +58,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--record-mask-steps", type=int, help="recorded (trained) mask steps (default: 12)")
     parser.add_argument("--warmup-mask-steps", type=int, help="mask steps of the warm-up calls (default: 8)")
     parser.add_argument("--repeats", type=int, help="interleaved timed rounds per path (default: 1)")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"),
-                        help="model dtype (default: bfloat16, float32 with --tiny; --tiny --dtype bfloat16 rehearses the GPU's)")
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        help="model dtype (default: bfloat16, float32 with --tiny; --tiny --dtype bfloat16 rehearses the GPU's)",
+    )
     parser.add_argument("--autocast", action="store_true", help="the GRPO step under bf16 autocast on CPU too (as on CUDA)")
     args = parser.parse_args(argv)
     if args.tiny:
         torch.set_num_threads(1)
-    print(format_table(run(args.out, tiny=args.tiny, mask_steps=args.mask_steps,
-                           record_mask_steps=args.record_mask_steps, warmup_mask_steps=args.warmup_mask_steps,
-                           repeats=args.repeats, dtype=args.dtype,
-                           bf16=True if args.autocast else None)))
+    print(
+        format_table(
+            run(
+                args.out,
+                tiny=args.tiny,
+                mask_steps=args.mask_steps,
+                record_mask_steps=args.record_mask_steps,
+                warmup_mask_steps=args.warmup_mask_steps,
+                repeats=args.repeats,
+                dtype=args.dtype,
+                bf16=True if args.autocast else None,
+            )
+        )
+    )
     return 0
 
 

@@ -1,6 +1,7 @@
 """Print the GPU run as markdown: step status, the kernel tests (failures, then pass/fail per op x
 backend x dtype), then one table per benchmark JSON ({machine, rows}); for the ops, the shapes where
 no margrpo backend beats eager or torch.compile."""
+
 from __future__ import annotations
 
 import json
@@ -46,11 +47,16 @@ def summarize(out: Path) -> str:
     if log.exists():
         # one line per test file (run.sh: `FILE rc=N <pytest totals>`), else a single run's totals
         lines = log.read_text(errors="replace").splitlines()
-        totals = [line for line in lines if re.match(r"tests/\S+\.py rc=", line)] or \
-            [line for line in lines if re.search(r"\d+ (passed|failed|errors?)\b.* in [\d.]+s", line)][-1:]
+        totals = [line for line in lines if re.match(r"tests/\S+\.py rc=", line)] or [
+            line for line in lines if re.search(r"\d+ (passed|failed|errors?)\b.* in [\d.]+s", line)
+        ][-1:]
         listed = failures.read_text(errors="replace").splitlines() if failures.exists() else []
-        parts.append("## kernels\n```\n" + "\n".join((totals or ["(no pytest summary: cut short?)"]) + listed[:60])
-                     + (f"\n... {len(listed) - 60} more in {failures.name}" if len(listed) > 60 else "") + "\n```")
+        parts.append(
+            "## kernels\n```\n"
+            + "\n".join((totals or ["(no pytest summary: cut short?)"]) + listed[:60])
+            + (f"\n... {len(listed) - 60} more in {failures.name}" if len(listed) > 60 else "")
+            + "\n```"
+        )
     kernel_table = out / "kernels_table.md"
     if kernel_table.exists():
         parts.append("## kernel tests per op x backend x dtype\n" + kernel_table.read_text().strip())
@@ -65,8 +71,10 @@ def summarize(out: Path) -> str:
             machine = data.get("machine", "")
             headline = {k: v for k, v in data.items() if "speedup" in k or k == "meets_target"}
             extra = f"\n\n{json.dumps(headline)}" if headline else ""
-            parts.append(f"## {path.stem}\n{_cell(machine) if not isinstance(machine, dict) else json.dumps(machine)}"
-                         f"\n\n{table(rows)}{extra}{_losses(path.stem, rows)}")
+            parts.append(
+                f"## {path.stem}\n{_cell(machine) if not isinstance(machine, dict) else json.dumps(machine)}"
+                f"\n\n{table(rows)}{extra}{_losses(path.stem, rows)}"
+            )
     return "\n\n".join(parts)
 
 

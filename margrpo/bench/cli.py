@@ -1,4 +1,5 @@
 """`margrpo bench <suite>`: dispatch to the benchmark suites (each prints a table)."""
+
 from __future__ import annotations
 
 import importlib

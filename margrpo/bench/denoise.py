@@ -17,6 +17,7 @@ to the largest |eager x0| as a sanity check.
     python -m margrpo.bench.denoise --device cpu --tokens 32 --steps 4 --json out.json
     margrpo bench denoise --cases harmon-mar_h --methods fused,eager
 """
+
 from __future__ import annotations
 
 import argparse
@@ -93,8 +94,7 @@ def build(case: Case, device: torch.device, dtype: torch.dtype, seed: int = 0) -
 
 
 def make_sampler(case: Case, steps: int):
-    return DDPMSampler(steps, beta_schedule="squaredcos_cap_v2", spacing="trailing") if case.family == "nova" \
-        else mar_sampler(steps)
+    return DDPMSampler(steps, beta_schedule="squaredcos_cap_v2", spacing="trailing") if case.family == "nova" else mar_sampler(steps)
 
 
 def make_inputs(head: nn.Module, case: Case, tokens: int, steps: int, device: torch.device, seed: int = 1):
@@ -105,8 +105,9 @@ def make_inputs(head: nn.Module, case: Case, tokens: int, steps: int, device: to
     return z, noise
 
 
-def batched_reference(forward: Callable, head: nn.Module, z: torch.Tensor, sampler, num_seeds: int,
-                      noise: torch.Tensor, cfg: Guidance) -> torch.Tensor:
+def batched_reference(
+    forward: Callable, head: nn.Module, z: torch.Tensor, sampler, num_seeds: int, noise: torch.Tensor, cfg: Guidance
+) -> torch.Tensor:
     """Every trajectory and CFG half in one official head call per step (z copied K+1 times)."""
     tokens, channels = noise.shape[2], noise.shape[3]
     z_all = z.repeat(num_seeds + 1, 1)  # rows ordered (trajectory, half, token)
@@ -134,8 +135,16 @@ def methods(head: nn.Module, case: Case, sampler, z, noise, names: tuple[str, ..
     return {name: table[name] for name in names}
 
 
-def run(cases: tuple[str, ...], names: tuple[str, ...], device: torch.device, tokens: int, steps: int,
-        repeats: int, dtype: torch.dtype, on_row: Callable[[Row], None] | None = None) -> list[Row]:
+def run(
+    cases: tuple[str, ...],
+    names: tuple[str, ...],
+    device: torch.device,
+    tokens: int,
+    steps: int,
+    repeats: int,
+    dtype: torch.dtype,
+    on_row: Callable[[Row], None] | None = None,
+) -> list[Row]:
     """Time the methods of every case; on_row(row) is called as each row is measured."""
     rows = []
     for case_name in cases:
@@ -150,8 +159,24 @@ def run(cases: tuple[str, ...], names: tuple[str, ...], device: torch.device, to
             diff = None if reference is None else float((fns[name]() - reference).abs().max() / reference.abs().max())
             st = timed.stats(name)
             ratio = timed.ratio("eager", name) if "eager" in timed.times else None
-            rows.append(Row(case_name, name, tokens, steps, case.num_seeds, st.p20, st.p50, st.p80, st.min, st.n,
-                            ratio and ratio.p50, ratio and ratio.p20, ratio and ratio.p80, diff))
+            rows.append(
+                Row(
+                    case_name,
+                    name,
+                    tokens,
+                    steps,
+                    case.num_seeds,
+                    st.p20,
+                    st.p50,
+                    st.p80,
+                    st.min,
+                    st.n,
+                    ratio and ratio.p50,
+                    ratio and ratio.p20,
+                    ratio and ratio.p80,
+                    diff,
+                )
+            )
             if on_row:
                 on_row(rows[-1])
         del head
@@ -159,14 +184,17 @@ def run(cases: tuple[str, ...], names: tuple[str, ...], device: torch.device, to
 
 
 def format_table(rows: list[Row]) -> str:
-    lines = [f"{'case':<14} {'method':<8} {'tokens':>6} {'steps':>5} {'K':>2} {'rounds':>6} {'p50 ms':>10} {'p20 ms':>10} "
-             f"{'p80 ms':>10} {'min ms':>10} {'x eager p50 [p20, p80]':>24} {'rel dx0':>9}"]
+    lines = [
+        f"{'case':<14} {'method':<8} {'tokens':>6} {'steps':>5} {'K':>2} {'rounds':>6} {'p50 ms':>10} {'p20 ms':>10} "
+        f"{'p80 ms':>10} {'min ms':>10} {'x eager p50 [p20, p80]':>24} {'rel dx0':>9}"
+    ]
     for r in rows:
-        speed = (f"{r.speedup_vs_eager:.2f} [{r.speedup_p20:.2f}, {r.speedup_p80:.2f}]"
-                 if r.speedup_vs_eager is not None else "-")
+        speed = f"{r.speedup_vs_eager:.2f} [{r.speedup_p20:.2f}, {r.speedup_p80:.2f}]" if r.speedup_vs_eager is not None else "-"
         diff = f"{r.rel_diff_vs_eager:.1e}" if r.rel_diff_vs_eager is not None else "-"
-        lines.append(f"{r.case:<14} {r.method:<8} {r.tokens:>6} {r.steps:>5} {r.num_seeds:>2} {r.rounds:>6} {r.p50_ms:>10.1f} "
-                     f"{r.p20_ms:>10.1f} {r.p80_ms:>10.1f} {r.min_ms:>10.1f} {speed:>24} {diff:>9}")
+        lines.append(
+            f"{r.case:<14} {r.method:<8} {r.tokens:>6} {r.steps:>5} {r.num_seeds:>2} {r.rounds:>6} {r.p50_ms:>10.1f} "
+            f"{r.p20_ms:>10.1f} {r.p80_ms:>10.1f} {r.min_ms:>10.1f} {speed:>24} {diff:>9}"
+        )
     return "\n".join(lines)
 
 
@@ -195,11 +223,22 @@ def main(argv: list[str] | None = None) -> int:
 
     def on_row(row: Row) -> None:
         report.add(asdict(row))
-        print(f"[denoise] {row.case} {row.method}: p50 {row.p50_ms:.2f} ms at {time.perf_counter() - _STARTED:.0f} s",
-              file=sys.stderr, flush=True)
+        print(
+            f"[denoise] {row.case} {row.method}: p50 {row.p50_ms:.2f} ms at {time.perf_counter() - _STARTED:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
 
-    rows = run(split_choices(args.cases, tuple(CASES), "cases"), split_choices(args.methods, METHODS, "methods"),
-               device, tokens, steps, repeats, dtype, on_row=on_row)
+    rows = run(
+        split_choices(args.cases, tuple(CASES), "cases"),
+        split_choices(args.methods, METHODS, "methods"),
+        device,
+        tokens,
+        steps,
+        repeats,
+        dtype,
+        on_row=on_row,
+    )
     print(format_table(rows))
     return 0
 

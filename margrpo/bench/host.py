@@ -18,6 +18,7 @@ adaln and launches: tensors live on the meta device (shapes only), so the figure
     margrpo bench host --json host.json
     margrpo bench host --sections ops --rounds 21
 """
+
 from __future__ import annotations
 
 import argparse
@@ -88,8 +89,9 @@ class AdalnRow:
     rounds: int
 
 
-def adaln_overhead(tokens: int = 1024, width: int = 1024, trajectories: int = 4, calls: int = 2000,
-                   rounds: int = 7, order: list | None = None) -> list[AdalnRow]:
+def adaln_overhead(
+    tokens: int = 1024, width: int = 1024, trajectories: int = 4, calls: int = 2000, rounds: int = 7, order: list | None = None
+) -> list[AdalnRow]:
     """Host microseconds per heads.layers adaLN call on the Triton path, kernels stubbed: x
     [K+1, 1, N, W] against a CFG modulation [2, N, W], as in a guided multi-seed step. Each round
     times `calls` calls of each primitive in CPU time of this thread (not wall time: on a shared
@@ -110,11 +112,19 @@ def adaln_overhead(tokens: int = 1024, width: int = 1024, trajectories: int = 4,
         def run():
             for _ in range(calls):
                 fn()
+
         return run
 
     with torch.no_grad(), stubbed_adaln_kernels():
-        timed = interleave({name: repeated(fn) for name, (fn, _) in cases.items()}, torch.device("cpu"),
-                           min_time_s=0.0, warmup=1, min_rounds=rounds, max_rounds=rounds, clock=time.thread_time)
+        timed = interleave(
+            {name: repeated(fn) for name, (fn, _) in cases.items()},
+            torch.device("cpu"),
+            min_time_s=0.0,
+            warmup=1,
+            min_rounds=rounds,
+            max_rounds=rounds,
+            clock=time.thread_time,
+        )
     if order is not None:
         order.extend(timed.order)
     rows = []
@@ -153,8 +163,7 @@ def head_step_launches(tokens: int = 1024) -> list[LaunchRow]:
                 with stubbed_adaln_kernels() as stubs, count_ops() as counts:
                     guided_output(head, head.modulation(cond, t), x, guidance, backend=path)
                 triton = sum(stub.calls for stub in stubs.values())
-                rows.append(LaunchRow(name, path, tokens, num_seeds + 1, counts.launches, triton,
-                                      counts.launches + triton))
+                rows.append(LaunchRow(name, path, tokens, num_seeds + 1, counts.launches, triton, counts.launches + triton))
     return rows
 
 
@@ -189,15 +198,18 @@ def _heads() -> dict[str, object]:
     """The adaln and launches sections: printed, and returned for the JSON report."""
     order: list[list[str]] = []
     adaln, launches = adaln_overhead(order=order), head_step_launches()
-    print(f"{'adaLN primitive':<15} {'x':<20} {'modulation':<16} {'rounds':>6} {'p50 us':>8} {'p20 us':>8} "
-          f"{'p80 us':>8} {'min us':>8}")
+    print(f"{'adaLN primitive':<15} {'x':<20} {'modulation':<16} {'rounds':>6} {'p50 us':>8} {'p20 us':>8} {'p80 us':>8} {'min us':>8}")
     for r in adaln:
-        print(f"{r.primitive:<15} {str(r.x_shape):<20} {str(r.modulation_shape):<16} {r.rounds:>6} {r.p50_us:>8.2f} "
-              f"{r.p20_us:>8.2f} {r.p80_us:>8.2f} {r.min_us:>8.2f}")
+        print(
+            f"{r.primitive:<15} {str(r.x_shape):<20} {str(r.modulation_shape):<16} {r.rounds:>6} {r.p50_us:>8.2f} "
+            f"{r.p20_us:>8.2f} {r.p80_us:>8.2f} {r.min_us:>8.2f}"
+        )
     print(f"\n{'head':<14} {'path':<7} {'N':>5} {'K+1':>4} {'aten':>5} {'triton':>7} {'launches/step':>14}")
     for r in launches:
-        print(f"{r.head:<14} {r.path:<7} {r.tokens:>5} {r.trajectories:>4} {r.aten_launches:>5} {r.triton_launches:>7} "
-              f"{r.launches_per_step:>14}")
+        print(
+            f"{r.head:<14} {r.path:<7} {r.tokens:>5} {r.trajectories:>4} {r.aten_launches:>5} {r.triton_launches:>7} "
+            f"{r.launches_per_step:>14}"
+        )
     return {"adaln": [asdict(r) for r in adaln], "adaln_order": order, "launches": [asdict(r) for r in launches]}
 
 

@@ -9,6 +9,7 @@ that do not require grad), on their hot-path settings (check_std=False, check_fi
 round calls each of public and raw `calls` times, in a shuffled order (margrpo.bench.timing), timed in
 this thread's CPU time; per-call microseconds and the per-round ratio public / raw.
 """
+
 from __future__ import annotations
 
 import math
@@ -45,14 +46,14 @@ def cases(shape: tuple[int, int, int, int], seed: int = 0) -> dict[str, tuple[Ca
     mte = torch.rand(b, n, generator=g) < TOPK_RATIO
     weights = ops.token_weights(mask)  # the raw call takes the weights the public op builds from the mask
     return {
-        "gaussian_logprob": (lambda: ops.gaussian_logprob(x, mean, std, check_std=False),
-                             lambda: k_ops.gaussian_logprob_fwd(*rows, 1)),
+        "gaussian_logprob": (lambda: ops.gaussian_logprob(x, mean, std, check_std=False), lambda: k_ops.gaussian_logprob_fwd(*rows, 1)),
         "trajectory_std": (lambda: ops.trajectory_std(x), lambda: k_ops.trajectory_std_fwd(samples)),
-        "topk_mask": (lambda: ops.topk_mask(scores, ratio=TOPK_RATIO, check_finite=False),
-                      lambda: k_ops.topk_mask_fwd(scores, k)),
+        "topk_mask": (lambda: ops.topk_mask(scores, ratio=TOPK_RATIO, check_finite=False), lambda: k_ops.topk_mask_fwd(scores, k)),
         "consistency_mask": (lambda: ops.consistency_mask(x, mean, std), lambda: k_ops.consistency_mask_fwd(*rows, 0.0)),
-        "grpo_surrogate": (lambda: ops.grpo_surrogate(logp, old, adv, mask, clip_eps=CLIP_EPS, mte_mask=mte),
-                           lambda: k_ops.grpo_surrogate_fwd(logp, old, adv, weights, mte, CLIP_EPS, CLIP_EPS)),
+        "grpo_surrogate": (
+            lambda: ops.grpo_surrogate(logp, old, adv, mask, clip_eps=CLIP_EPS, mte_mask=mte),
+            lambda: k_ops.grpo_surrogate_fwd(logp, old, adv, weights, mte, CLIP_EPS, CLIP_EPS),
+        ),
     }
 
 
@@ -70,8 +71,13 @@ class OpHostRow:
     rounds: int
 
 
-def op_overhead(shapes: tuple[str, ...] = ("tiny", "nova"), ops: tuple[str, ...] = OPS, rounds: int = 15,
-                calls: dict[str, int] | None = None, order: list | None = None) -> list[OpHostRow]:
+def op_overhead(
+    shapes: tuple[str, ...] = ("tiny", "nova"),
+    ops: tuple[str, ...] = OPS,
+    rounds: int = 15,
+    calls: dict[str, int] | None = None,
+    order: list | None = None,
+) -> list[OpHostRow]:
     """Rows of public vs raw per op and shape (see the module doc); the rounds' orders go to `order`."""
     from margrpo.ops import use_backend
 
@@ -91,10 +97,18 @@ def op_overhead(shapes: tuple[str, ...] = ("tiny", "nova"), ops: tuple[str, ...]
                         def run():
                             for _ in range(n):
                                 fn()
+
                         return run
 
-                    timed = interleave({"public": repeated(public), "raw": repeated(raw)}, torch.device("cpu"),
-                                       min_time_s=0.0, warmup=2, min_rounds=rounds, max_rounds=rounds, clock=time.thread_time)
+                    timed = interleave(
+                        {"public": repeated(public), "raw": repeated(raw)},
+                        torch.device("cpu"),
+                        min_time_s=0.0,
+                        warmup=2,
+                        min_rounds=rounds,
+                        max_rounds=rounds,
+                        clock=time.thread_time,
+                    )
                     if order is not None:
                         order.append({"op": op, "shape": label, "order": timed.order})
                     p, r = timed.stats("public").p50 * 1e3 / n, timed.stats("raw").p50 * 1e3 / n
@@ -106,9 +120,13 @@ def op_overhead(shapes: tuple[str, ...] = ("tiny", "nova"), ops: tuple[str, ...]
 
 
 def format_rows(rows: list[OpHostRow]) -> str:
-    lines = ["public ops vs raw kernel calls: cpp backend, 1 torch thread, no autograd, this thread's CPU time",
-             f"{'op':<18} {'shape':<6} {'public us':>10} {'raw us':>9} {'wrapper us':>11} {'public/raw p50 [p20, p80]':>27}"]
+    lines = [
+        "public ops vs raw kernel calls: cpp backend, 1 torch thread, no autograd, this thread's CPU time",
+        f"{'op':<18} {'shape':<6} {'public us':>10} {'raw us':>9} {'wrapper us':>11} {'public/raw p50 [p20, p80]':>27}",
+    ]
     for r in rows:
-        lines.append(f"{r.op:<18} {r.shape:<6} {r.public_us:>10.2f} {r.raw_us:>9.2f} {r.wrapper_us:>11.2f} "
-                     f"{r.ratio:>10.3f} [{r.ratio_p20:.3f}, {r.ratio_p80:.3f}]")
+        lines.append(
+            f"{r.op:<18} {r.shape:<6} {r.public_us:>10.2f} {r.raw_us:>9.2f} {r.wrapper_us:>11.2f} "
+            f"{r.ratio:>10.3f} [{r.ratio_p20:.3f}, {r.ratio_p80:.3f}]"
+        )
     return "\n".join(lines)

@@ -1,6 +1,7 @@
 """What every benchmark shares: a description of the machine the numbers came from (with its load:
 the project machines are shared), the parsing of comma-list CLI options, and the JSON report
 written as rows arrive."""
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -64,9 +65,11 @@ def header(info: dict[str, object]) -> str:
     hardware = f"CPU {info['cpu']} ({info['cpu_count']} cores, {info['torch_threads']} torch threads)"
     if "gpu" in info:
         hardware += f", GPU {info['gpu']}"
-    return (f"torch {info['torch']}, triton {info['triton'] or 'not installed'}, margrpo {info['margrpo']}, "
-            f"python {info['python']}\n{hardware}, device {info['device']}\n"
-            f"load average (1/5/15 min) {load_text} at the start")
+    return (
+        f"torch {info['torch']}, triton {info['triton'] or 'not installed'}, margrpo {info['margrpo']}, "
+        f"python {info['python']}\n{hardware}, device {info['device']}\n"
+        f"load average (1/5/15 min) {load_text} at the start"
+    )
 
 
 def split_choices(value: str, allowed: tuple[str, ...], name: str) -> tuple[str, ...]:

@@ -7,6 +7,7 @@ backward pass and the gradients it wrote (storages shared with its inputs not co
 the memory a training step holds on to; transient temporaries freed inside the call are missed,
 so on CPU it is a lower bound of the peak.
 """
+
 from __future__ import annotations
 
 import torch
@@ -14,8 +15,10 @@ import torch
 from margrpo.bench.timing import Timed, synchronize
 
 CUDA_METHOD = "peak of torch.cuda.max_memory_allocated during the call, above the memory allocated before it"
-CPU_METHOD = ("bytes of the tensors the call created and kept (outputs, tensors saved for backward, gradients); "
-              "a lower bound of the peak, CPUs have no allocator peak counter")
+CPU_METHOD = (
+    "bytes of the tensors the call created and kept (outputs, tensors saved for backward, gradients); "
+    "a lower bound of the peak, CPUs have no allocator peak counter"
+)
 
 
 def method(device: torch.device) -> str:

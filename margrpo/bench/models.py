@@ -19,6 +19,7 @@ timed calls. A row is handed to `on_row` as soon as it is measured (the GPU scri
 then). The GRPO step runs the trainer's bf16 autocast on CUDA (settings.bf16 overrides: a CPU test
 runs it too).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -35,8 +36,12 @@ from margrpo.heads.reference import eager_denoise_logprob, eager_multi_seed_deno
 from margrpo.rollout import RolloutConfig, choose_plan, effective_steps, generate, mask_schedule
 from margrpo.rollout.guidance import guidance_for, head_condition, prompt_rows
 
-NOVA_PROMPTS = ("a photo of a cat on a sofa", "a red sports car on a mountain road",
-                "an oil painting of a lighthouse at dusk", "a bowl of ramen, studio lighting")
+NOVA_PROMPTS = (
+    "a photo of a cat on a sofa",
+    "a red sports car on a mountain road",
+    "an oil painting of a lighthouse at dusk",
+    "a bowl of ramen, studio lighting",
+)
 
 
 @dataclasses.dataclass
@@ -60,8 +65,16 @@ class NovaBenchSettings:
     @classmethod
     def tiny(cls) -> "NovaBenchSettings":
         """CPU-sized: the tiny preset, a few steps (checks the benchmark itself)."""
-        return cls(preset="nova-tiny", dtype="float32", mask_steps=4, diffusion_steps=4, num_seeds=2,
-                   record_mask_steps=2, record_diffusion_steps=2, warmup_mask_steps=3)
+        return cls(
+            preset="nova-tiny",
+            dtype="float32",
+            mask_steps=4,
+            diffusion_steps=4,
+            num_seeds=2,
+            record_mask_steps=2,
+            record_diffusion_steps=2,
+            warmup_mask_steps=3,
+        )
 
     @property
     def batch(self) -> int:
@@ -69,14 +82,22 @@ class NovaBenchSettings:
 
     def rollout_config(self, mask_steps: int | None = None) -> RolloutConfig:
         steps = mask_steps or self.mask_steps
-        return RolloutConfig(num_mask_steps=steps, schedule="nova", cfg_scale=self.cfg_scale, negative_prompt="",
-                             num_seeds=self.num_seeds, record_mask_steps=min(self.record_mask_steps, steps - 2),
-                             record_diffusion_steps=self.record_diffusion_steps, likelihood_positions="unknown")
+        return RolloutConfig(
+            num_mask_steps=steps,
+            schedule="nova",
+            cfg_scale=self.cfg_scale,
+            negative_prompt="",
+            num_seeds=self.num_seeds,
+            record_mask_steps=min(self.record_mask_steps, steps - 2),
+            record_diffusion_steps=self.record_diffusion_steps,
+            likelihood_positions="unknown",
+        )
 
 
 def with_peak(fn, device: torch.device, peaks: dict[str, float], name: str):
     """fn, recording into peaks[name] the most GiB allocated during any of its calls (0 on CPU). The
     allocator's peak is known on the host when fn returns: no synchronisation is added."""
+
     def call():
         if device.type != "cuda":
             peaks.setdefault(name, 0.0)
@@ -110,9 +131,14 @@ def nova_reference_rollout(backbone, prompts: list[str], config: RolloutConfig, 
         z = backbone.forward_z(rows.batch, canvas.repeat(rows.rows_per_image, 1, 1), known.repeat(rows.rows_per_image, 1))
         noise = torch.randn(sampler.num_steps + 1, K + 1, B * N, C, generator=generator, device=device)
         out = eager_multi_seed_denoise(
-            backbone.head, head_condition(z, rows, every), sampler, K, noise,
+            backbone.head,
+            head_condition(z, rows, every),
+            sampler,
+            K,
+            noise,
             cfg=guidance_for(config, config.cfg_scale_at(start + n, N)),
-            record_steps=plan.diffusion_steps[j] if j is not None else (), temperature=config.temperature,
+            record_steps=plan.diffusion_steps[j] if j is not None else (),
+            temperature=config.temperature,
         )
         if j is not None:
             records.append((canvas.clone(), known.clone(), out))
@@ -123,8 +149,18 @@ def nova_reference_rollout(backbone, prompts: list[str], config: RolloutConfig, 
     return backbone.decode(canvas), records
 
 
-def nova_reference_update(policy, reference, optimizer, prompts: list[str], records, sampler, rewards: torch.Tensor,
-                          group_size: int, kl_beta: float, grad_clip: float = 1.0) -> None:
+def nova_reference_update(
+    policy,
+    reference,
+    optimizer,
+    prompts: list[str],
+    records,
+    sampler,
+    rewards: torch.Tensor,
+    group_size: int,
+    kl_beta: float,
+    grad_clip: float = 1.0,
+) -> None:
     """The training phase of a reference-style GRPO step (any MARBackbone): group advantages of
     `rewards` [B], then per recorded mask step of `records` (from nova_reference_rollout) an unguided
     likelihood of every token's recorded transitions (all N tokens, one head call per trajectory and
@@ -152,8 +188,19 @@ def nova_reference_update(policy, reference, optimizer, prompts: list[str], reco
         optimizer.step()
 
 
-def nova_reference_grpo_step(policy, reference, optimizer, prompts: list[str], config: RolloutConfig, sampler, plan,
-                             reward, group_size: int, kl_beta: float, generator: torch.Generator) -> None:
+def nova_reference_grpo_step(
+    policy,
+    reference,
+    optimizer,
+    prompts: list[str],
+    config: RolloutConfig,
+    sampler,
+    plan,
+    reward,
+    group_size: int,
+    kl_beta: float,
+    generator: torch.Generator,
+) -> None:
     """One GRPO step the reference code's way: the eager rollout (nova_reference_rollout), rewards,
     then the per-recorded-mask-step updates (nova_reference_update)."""
     images, records = nova_reference_rollout(policy, prompts, config, sampler, plan, generator)
@@ -172,24 +219,44 @@ def _nova_trainer(backbone, settings: NovaBenchSettings, device: torch.device, w
     prompt_file.write_text("\n".join(NOVA_PROMPTS) + "\n")
     r = settings.rollout_config()
     overrides = [
-        "backbone.name=nova", f"backbone.diffusion_steps={settings.diffusion_steps}", f"run.device={device}",
-        f"run.out_dir={workdir / 'run'}", f"run.train_prompts={prompt_file}", "run.tensorboard=false",
-        f"rollout.num_mask_steps={r.num_mask_steps}", "rollout.schedule=nova", f"rollout.cfg_scale={r.cfg_scale}",
-        f"rollout.num_seeds={r.num_seeds}", f"rollout.record_mask_steps={r.record_mask_steps}",
-        f"rollout.record_diffusion_steps={r.record_diffusion_steps}", "rollout.likelihood_positions=unknown",
-        f"grpo.group_size={settings.group_size}", f"grpo.prompts_per_step={settings.prompts}",
-        "grpo.objective=reinforce", "grpo.kl_type=parity_mean_k3", "grpo.likelihood_cfg=none",
-        "grpo.minibatch_over=mask_steps", f"grpo.minibatches={r.record_mask_steps}", "grpo.mte=true",
-        "grpo.pixels_per_token=4", "grpo.consistency=true", "grpo.kl_beta=0.01", "grpo.channel_reduction=mean",
-        "grpo.normalization=update", "grpo.mte_include_rollout=false", "grpo.mte_k=reference",
-        "grpo.mte_random_positions=1", "grpo.advantage_std=unbiased",
-        "rewards={jpeg_incompressibility: 1.0}", f"optim.bf16={str(bf16).lower()}", "optim.lr=1e-6",
+        "backbone.name=nova",
+        f"backbone.diffusion_steps={settings.diffusion_steps}",
+        f"run.device={device}",
+        f"run.out_dir={workdir / 'run'}",
+        f"run.train_prompts={prompt_file}",
+        "run.tensorboard=false",
+        f"rollout.num_mask_steps={r.num_mask_steps}",
+        "rollout.schedule=nova",
+        f"rollout.cfg_scale={r.cfg_scale}",
+        f"rollout.num_seeds={r.num_seeds}",
+        f"rollout.record_mask_steps={r.record_mask_steps}",
+        f"rollout.record_diffusion_steps={r.record_diffusion_steps}",
+        "rollout.likelihood_positions=unknown",
+        f"grpo.group_size={settings.group_size}",
+        f"grpo.prompts_per_step={settings.prompts}",
+        "grpo.objective=reinforce",
+        "grpo.kl_type=parity_mean_k3",
+        "grpo.likelihood_cfg=none",
+        "grpo.minibatch_over=mask_steps",
+        f"grpo.minibatches={r.record_mask_steps}",
+        "grpo.mte=true",
+        "grpo.pixels_per_token=4",
+        "grpo.consistency=true",
+        "grpo.kl_beta=0.01",
+        "grpo.channel_reduction=mean",
+        "grpo.normalization=update",
+        "grpo.mte_include_rollout=false",
+        "grpo.mte_k=reference",
+        "grpo.mte_random_positions=1",
+        "grpo.advantage_std=unbiased",
+        "rewards={jpeg_incompressibility: 1.0}",
+        f"optim.bf16={str(bf16).lower()}",
+        "optim.lr=1e-6",
     ]
     return Trainer(load_config(None, overrides), create_run_dir=False, policy=backbone)
 
 
-def bench_nova(device: torch.device | str, settings: NovaBenchSettings | None = None, seed: int = 0,
-               on_row=None) -> dict:
+def bench_nova(device: torch.device | str, settings: NovaBenchSettings | None = None, seed: int = 0, on_row=None) -> dict:
     """Rollout images/s and GRPO step time, fused vs reference-style, with peak memory -> {machine,
     settings, rows, speedup}; on_row(row) is called as each row is measured."""
     from margrpo.models import nova
@@ -220,19 +287,33 @@ def bench_nova(device: torch.device | str, settings: NovaBenchSettings | None = 
         peaks: dict[str, float] = {}
         timed = median_ms({p: with_peak(fn, device, peaks, p) for p, fn in paths.items()}, device, settings.repeats, warmup=0)
         for path, ms in timed.items():
-            rows.append({"what": what, "path": path, "images": settings.batch, "ms": ms,
-                         "images_per_s": settings.batch / (ms / 1e3), "peak_gib": peaks[path]})
+            rows.append(
+                {
+                    "what": what,
+                    "path": path,
+                    "images": settings.batch,
+                    "ms": ms,
+                    "images_per_s": settings.batch / (ms / 1e3),
+                    "peak_gib": peaks[path],
+                }
+            )
             print(f"[bench_nova] {what:<9} {path:<9} {ms:10.1f} ms  peak {peaks[path]:.2f} GiB", flush=True)
             if on_row:
                 on_row(rows[-1])
 
     generator = torch.Generator(device=device).manual_seed(seed)
     plan, short_plan = plan_for(config), plan_for(short)
-    compare("rollout",
-            {"fused": lambda: generate(backbone, prompts, config, seeds, sampler=sampler, plan=plan),
-             "reference": lambda: nova_reference_rollout(backbone, prompts, config, sampler, plan, generator)},
-            {"fused": lambda: generate(backbone, prompts, short, seeds, sampler=sampler, plan=short_plan),
-             "reference": lambda: nova_reference_rollout(backbone, prompts, short, sampler, short_plan, generator)})
+    compare(
+        "rollout",
+        {
+            "fused": lambda: generate(backbone, prompts, config, seeds, sampler=sampler, plan=plan),
+            "reference": lambda: nova_reference_rollout(backbone, prompts, config, sampler, plan, generator),
+        },
+        {
+            "fused": lambda: generate(backbone, prompts, short, seeds, sampler=sampler, plan=short_plan),
+            "reference": lambda: nova_reference_rollout(backbone, prompts, short, sampler, short_plan, generator),
+        },
+    )
 
     with tempfile.TemporaryDirectory() as workdir:
         trainer = _nova_trainer(backbone, settings, device, Path(workdir))
@@ -240,19 +321,37 @@ def bench_nova(device: torch.device | str, settings: NovaBenchSettings | None = 
         optimizer = torch.optim.AdamW(trainer.policy.trainable_parameters(), lr=1e-6)
 
         def warm_trainer() -> None:  # the same step on a short schedule
-            trainer.config = dataclasses.replace(full_config, rollout=dataclasses.replace(
-                full_config.rollout, num_mask_steps=short.num_mask_steps, record_mask_steps=short.record_mask_steps))
+            trainer.config = dataclasses.replace(
+                full_config,
+                rollout=dataclasses.replace(
+                    full_config.rollout, num_mask_steps=short.num_mask_steps, record_mask_steps=short.record_mask_steps
+                ),
+            )
             try:
                 trainer.train_step()
             finally:
                 trainer.config = full_config
 
         def reference_step(cfg: RolloutConfig, step_plan) -> None:
-            nova_reference_grpo_step(trainer.policy, trainer.reference, optimizer, prompts, cfg, sampler, step_plan,
-                                     trainer.reward, settings.group_size, 0.01, generator)
+            nova_reference_grpo_step(
+                trainer.policy,
+                trainer.reference,
+                optimizer,
+                prompts,
+                cfg,
+                sampler,
+                step_plan,
+                trainer.reward,
+                settings.group_size,
+                0.01,
+                generator,
+            )
 
-        compare("grpo_step", {"fused": trainer.train_step, "reference": lambda: reference_step(config, plan)},
-                {"fused": warm_trainer, "reference": lambda: reference_step(short, short_plan)})
+        compare(
+            "grpo_step",
+            {"fused": trainer.train_step, "reference": lambda: reference_step(config, plan)},
+            {"fused": warm_trainer, "reference": lambda: reference_step(short, short_plan)},
+        )
 
     def speedup(what: str) -> float:
         times = {r["path"]: r["ms"] for r in rows if r["what"] == what}
@@ -260,8 +359,12 @@ def bench_nova(device: torch.device | str, settings: NovaBenchSettings | None = 
 
     return {
         "machine": machine_description(device),
-        "settings": {**dataclasses.asdict(settings), "tokens": backbone.num_tokens, "effective_mask_steps": len(effective_steps(counts)),
-                     "arch": list(backbone.config.arch)},
+        "settings": {
+            **dataclasses.asdict(settings),
+            "tokens": backbone.num_tokens,
+            "effective_mask_steps": len(effective_steps(counts)),
+            "arch": list(backbone.config.arch),
+        },
         "rows": rows,
         "speedup": {"rollout": speedup("rollout"), "grpo_step": speedup("grpo_step")},
     }

@@ -17,6 +17,7 @@ drawn from a CPU generator) counts too: compare counts between runs that differ 
 steps to see what is paid per step. Each sync and host copy keeps the innermost margrpo source line
 that caused it (`sites`), so a regression names its place.
 """
+
 from __future__ import annotations
 
 import traceback
@@ -31,16 +32,29 @@ from torch.utils._python_dispatch import TorchDispatchMode
 aten = torch.ops.aten
 
 _SYNC_OPS = {
-    aten._local_scalar_dense.default, aten.nonzero.default, aten.masked_select.default,
-    aten.equal.default, aten.is_nonzero.default, aten._unique2.default, aten.unique_dim.default,
-    aten.unique_consecutive.default, aten.repeat_interleave.Tensor, aten.allclose.default,
+    aten._local_scalar_dense.default,
+    aten.nonzero.default,
+    aten.masked_select.default,
+    aten.equal.default,
+    aten.is_nonzero.default,
+    aten._unique2.default,
+    aten.unique_dim.default,
+    aten.unique_consecutive.default,
+    aten.repeat_interleave.Tensor,
+    aten.allclose.default,
 }
 _HOST_COPY_OPS = {aten.lift_fresh.default, aten.lift_fresh_copy.default}
 # Python-level reads that do not go through the dispatcher for CPU tensors
 _SYNC_METHODS = {torch.Tensor.tolist, torch.Tensor.numpy}
 # ops that allocate or reinterpret memory without running a kernel
-_NO_KERNEL = {aten.empty.memory_format, aten.empty_strided.default, aten.empty_like.default,
-              aten.detach.default, aten.lift_fresh.default, aten.lift_fresh_copy.default}
+_NO_KERNEL = {
+    aten.empty.memory_format,
+    aten.empty_strided.default,
+    aten.empty_like.default,
+    aten.detach.default,
+    aten.lift_fresh.default,
+    aten.lift_fresh_copy.default,
+}
 
 
 def _site() -> str:
@@ -53,8 +67,9 @@ def _site() -> str:
 
 
 def _is_view(func) -> bool:
-    return torch.Tag.view_copy not in func.tags and any(a.alias_info is not None and not a.alias_info.is_write
-                                                          for a in func._schema.returns)
+    return torch.Tag.view_copy not in func.tags and any(
+        a.alias_info is not None and not a.alias_info.is_write for a in func._schema.returns
+    )
 
 
 def _bool_index(func, args) -> bool:

@@ -37,6 +37,7 @@ N = 1024 tokens; the `-x16` variants have 16x the images. Every op reads the sha
 The report ends with the shapes where no margrpo backend beats eager, or torch.compile
 (margrpo.bench.table.verdicts); --write-table turns the rows into the backend order of `auto`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -226,9 +227,7 @@ def _fused(op: str) -> Callable[[Inputs], object]:
         return lambda t: ops.topk_mask(ops.trajectory_std(t["samples"]), ratio=TOPK_RATIO, check_finite=False)
     if op == "consistency_mask":
         return lambda t: ops.consistency_mask(t["prev"], t["cur"], t["final"], threshold=THRESHOLD)
-    return lambda t: ops.grpo_surrogate(
-        t["logp"], t["old_logp"], t["advantages"], t["mask"], clip_eps=CLIP_EPS, mte_mask=t["mte_mask"]
-    )
+    return lambda t: ops.grpo_surrogate(t["logp"], t["old_logp"], t["advantages"], t["mask"], clip_eps=CLIP_EPS, mte_mask=t["mte_mask"])
 
 
 def _kernel_level(op: str) -> Callable[[Inputs], object]:
@@ -241,9 +240,7 @@ def _kernel_level(op: str) -> Callable[[Inputs], object]:
         return t.detach().reshape(-1, t.shape[-1])
 
     if op == "gaussian_logprob":
-        return lambda t: k.gaussian_logprob_fwd(flat(t["x"]), flat(t["mean"]), flat(t["std"]), 1).reshape(
-            t["x"].shape[:-1]
-        )
+        return lambda t: k.gaussian_logprob_fwd(flat(t["x"]), flat(t["mean"]), flat(t["std"]), 1).reshape(t["x"].shape[:-1])
     if op == "trajectory_std+topk_mask":
 
         def std_topk(t: Inputs) -> torch.Tensor:
@@ -253,9 +250,7 @@ def _kernel_level(op: str) -> Callable[[Inputs], object]:
 
         return std_topk
     if op == "consistency_mask":
-        return lambda t: k.consistency_mask_fwd(flat(t["prev"]), flat(t["cur"]), flat(t["final"]), THRESHOLD).reshape(
-            t["cur"].shape[:-1]
-        )
+        return lambda t: k.consistency_mask_fwd(flat(t["prev"]), flat(t["cur"]), flat(t["final"]), THRESHOLD).reshape(t["cur"].shape[:-1])
 
     def surrogate(t: Inputs) -> tuple[torch.Tensor, ...]:
         mask = t["mask"].float()
@@ -335,8 +330,9 @@ def primary(out: object) -> torch.Tensor:
     return out[0] if isinstance(out, tuple) else out
 
 
-def mode_call(mode: str, fn: Callable[[Inputs], object], inputs: Inputs, grad_inputs: tuple[str, ...],
-              grad_out: torch.Tensor | None) -> Timed:
+def mode_call(
+    mode: str, fn: Callable[[Inputs], object], inputs: Inputs, grad_inputs: tuple[str, ...], grad_out: torch.Tensor | None
+) -> Timed:
     """What one timed call of `fn` in `mode` runs. forward: fn(inputs); backward: the backward of
     a forward run in the untimed setup, returning the gradients; full: both, returning (output,
     gradients). grad_out: the gradient of the output (None for a 0-d loss)."""
@@ -429,8 +425,26 @@ def _rows(op: str, size: Size, mode: str, device: torch.device, timed: Interleav
     rows = []
     for impl in timed.times:
         st, ratio = timed.stats(impl), timed.ratio("eager", impl)
-        rows.append(Row(op, size.label, list(size.dims), size.tokens, mode, impl, device.type, st.p20, st.p50, st.p80,
-                        st.min, st.n, ratio.p50, ratio.p20, ratio.p80, mem[impl]))
+        rows.append(
+            Row(
+                op,
+                size.label,
+                list(size.dims),
+                size.tokens,
+                mode,
+                impl,
+                device.type,
+                st.p20,
+                st.p50,
+                st.p80,
+                st.min,
+                st.n,
+                ratio.p50,
+                ratio.p20,
+                ratio.p80,
+                mem[impl],
+            )
+        )
     return rows
 
 
@@ -482,13 +496,23 @@ def run(
                         bench.check_grads(got if mode == "backward" else got[1], reference if mode == "backward" else reference[1])
                 timed = interleave(calls, device, min_time_s, warmup, min_rounds, max_rounds)
                 mem = {n: memory.call_mb(call, device, inputs) for n, call in calls.items()}
-                result.groups.append({"op": op, "size": size.label, "tokens": size.tokens, "mode": mode,
-                                      "rounds": len(timed.order), "order": timed.order[:ORDER_ROUNDS_KEPT]})
+                result.groups.append(
+                    {
+                        "op": op,
+                        "size": size.label,
+                        "tokens": size.tokens,
+                        "mode": mode,
+                        "rounds": len(timed.order),
+                        "order": timed.order[:ORDER_ROUNDS_KEPT],
+                    }
+                )
                 for row in _rows(op, size, mode, device, timed, mem):
                     result.rows.append(row)
                     if log:
-                        log(f"{op:<24} {size.label:<12} {mode:<8} {row.impl:<16} p50 {row.p50_ms:9.3f} ms "
-                            f"(min {row.min_ms:.3f}) {row.speedup:6.2f}x {row.mem_mb:8.3g} MB")
+                        log(
+                            f"{op:<24} {size.label:<12} {mode:<8} {row.impl:<16} p50 {row.p50_ms:9.3f} ms "
+                            f"(min {row.min_ms:.3f}) {row.speedup:6.2f}x {row.mem_mb:8.3g} MB"
+                        )
                     if on_row:
                         on_row(row)
     return result
@@ -496,14 +520,17 @@ def run(
 
 def format_table(rows: list[Row]) -> str:
     """A markdown table: times (p50, p20, p80, min), speedup over eager (paired per round) and memory."""
-    lines = ["| op | mode | size | tokens | impl | p50 (ms) | p20 (ms) | p80 (ms) | min (ms) | speedup vs eager "
-             "p50 [p20, p80] | memory (MB) |",
-             "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| op | mode | size | tokens | impl | p50 (ms) | p20 (ms) | p80 (ms) | min (ms) | speedup vs eager p50 [p20, p80] | memory (MB) |",
+        "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         dims = "x".join(str(d) for d in r.dims)
-        lines.append(f"| {r.op} | {r.mode} | {r.size} [{dims}] | {r.tokens} | {r.impl} | {r.p50_ms:.3f} | {r.p20_ms:.3f} "
-                     f"| {r.p80_ms:.3f} | {r.min_ms:.3f} | {r.speedup:.2f}x [{r.speedup_p20:.2f}, {r.speedup_p80:.2f}] "
-                     f"| {r.mem_mb:.3g} |")
+        lines.append(
+            f"| {r.op} | {r.mode} | {r.size} [{dims}] | {r.tokens} | {r.impl} | {r.p50_ms:.3f} | {r.p20_ms:.3f} "
+            f"| {r.p80_ms:.3f} | {r.min_ms:.3f} | {r.speedup:.2f}x [{r.speedup_p20:.2f}, {r.speedup_p80:.2f}] "
+            f"| {r.mem_mb:.3g} |"
+        )
     return "\n".join(lines)
 
 
@@ -521,27 +548,43 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--ops", default=",".join(OPS), help="comma-separated subset of: " + ", ".join(OPS))
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of: " + ", ".join(MODES))
-    parser.add_argument("--tokens", help="size sweep: comma list of token counts (default: "
-                        + "; ".join(f"{d}: {','.join(map(str, t))}" for d, t in DEFAULT_TOKENS.items()) + ")")
+    parser.add_argument(
+        "--tokens",
+        help="size sweep: comma list of token counts (default: "
+        + "; ".join(f"{d}: {','.join(map(str, t))}" for d, t in DEFAULT_TOKENS.items())
+        + ")",
+    )
     parser.add_argument("--k", type=int, default=3, help="trajectories D0 of the --tokens sweep (default 3, NOVA)")
     parser.add_argument("--shapes", help="named shapes instead of (or with) --tokens: " + ", ".join(SHAPES))
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile column")
     parser.add_argument("--min-time", type=float, default=0.3, help="seconds of timed calls per implementation")
     parser.add_argument("--min-rounds", type=int, default=10, help="rounds at least, whatever --min-time")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"a short run (tests, smoke): tokens {','.join(map(str, QUICK_TOKENS))} unless given, "
-                        "no compile, 5 rounds, 1 warm-up call")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"a short run (tests, smoke): tokens {','.join(map(str, QUICK_TOKENS))} unless given, no compile, 5 rounds, 1 warm-up call",
+    )
     parser.add_argument("--threads", type=int, help="torch.set_num_threads for the CPU run (default: torch's)")
     parser.add_argument("--json", help="write the rows, the interleaving orders and the machine description here")
     parser.add_argument("--plot", help="write a PNG of speedup vs tokens here (one panel per op and mode)")
-    parser.add_argument("--write-table", metavar="PATH",
-                        help="write the backend table of `auto` (margrpo/ops/backend_table.json's layout) from this run's "
-                        "rows, or from --from-json; entries of other ops and device kinds in PATH are kept")
-    parser.add_argument("--assume-for", metavar="KIND[,KIND]", default="",
-                        help="with --write-table: GPU device kinds without figures (nvidia-h100, other-cuda) that take "
-                        "the measured GPU's entries, marked assumed_from")
-    parser.add_argument("--from-json", metavar="R.json[,R2.json]",
-                        help="no run: read the rows of earlier --json reports (for --write-table and the verdicts)")
+    parser.add_argument(
+        "--write-table",
+        metavar="PATH",
+        help="write the backend table of `auto` (margrpo/ops/backend_table.json's layout) from this run's "
+        "rows, or from --from-json; entries of other ops and device kinds in PATH are kept",
+    )
+    parser.add_argument(
+        "--assume-for",
+        metavar="KIND[,KIND]",
+        default="",
+        help="with --write-table: GPU device kinds without figures (nvidia-h100, other-cuda) that take "
+        "the measured GPU's entries, marked assumed_from",
+    )
+    parser.add_argument(
+        "--from-json",
+        metavar="R.json[,R2.json]",
+        help="no run: read the rows of earlier --json reports (for --write-table and the verdicts)",
+    )
     args = parser.parse_args(argv)
     if args.from_json:
         return _from_reports(args.from_json.split(","), args.write_table, _kinds(args.assume_for))
@@ -556,8 +599,12 @@ def main(argv: list[str] | None = None) -> int:
         sizes += token_sweep(tokens, args.k) if tokens else []
     except ValueError as err:
         raise SystemExit(f"--tokens/--k: {err}") from None
-    report = JsonReport(args.json, device, memory=memory.method(device),
-                        speedup="median [p20, p80] over rounds of eager's time / the implementation's, same round")
+    report = JsonReport(
+        args.json,
+        device,
+        memory=memory.method(device),
+        speedup="median [p20, p80] over rounds of eager's time / the implementation's, same round",
+    )
     print(f"{header(report.head['machine'])}\nmemory: {memory.method(device)}", flush=True)
     result = run(
         split_choices(args.ops, OPS, "ops"),
@@ -578,8 +625,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load average (1/5/15 min) at the end: {' '.join(map(str, load_average() or ['unavailable']))}")
     _print_verdicts([asdict(r) for r in result.rows])
     if args.write_table:
-        _write_table(args.write_table, [{"machine": report.head["machine"], "rows": report.rows}],
-                     [args.json or f"margrpo bench ops on {device}"], _kinds(args.assume_for))
+        _write_table(
+            args.write_table,
+            [{"machine": report.head["machine"], "rows": report.rows}],
+            [args.json or f"margrpo bench ops on {device}"],
+            _kinds(args.assume_for),
+        )
     if args.plot:
         from margrpo.bench.plot import speedup_plot
 

@@ -4,6 +4,7 @@ mode, one line per implementation, bars from the paired ratios' p20 to p80 (need
 
     python -m margrpo.bench.plot results.json out.png   # re-plot a `margrpo bench ops --json` file
 """
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,16 @@ def speedup_plot(rows: list[dict], path: str, title: str = "") -> None:
         for impl in dict.fromkeys(r["impl"] for r in panel):
             points = sorted((r["tokens"], r["speedup"], r["speedup_p20"], r["speedup_p80"]) for r in panel if r["impl"] == impl)
             x, y, low, high = (list(v) for v in zip(*points))
-            ax.errorbar(x, y, yerr=[[a - b for a, b in zip(y, low)], [b - a for a, b in zip(y, high)]], marker="o",
-                        capsize=3, label=impl, color=colours[impl], linestyle="--" if impl == "eager" else "-")
+            ax.errorbar(
+                x,
+                y,
+                yerr=[[a - b for a, b in zip(y, low)], [b - a for a, b in zip(y, high)]],
+                marker="o",
+                capsize=3,
+                label=impl,
+                color=colours[impl],
+                linestyle="--" if impl == "eager" else "-",
+            )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))  # 0.5, 1, 2, 5, 10, ...
@@ -45,7 +54,7 @@ def speedup_plot(rows: list[dict], path: str, title: str = "") -> None:
         ax.set_ylabel("speedup vs eager (x)")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     if title:
         fig.suptitle(title)

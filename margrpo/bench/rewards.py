@@ -13,6 +13,7 @@ the median [p20, p80] of the per-round paired ratios local time / remote time.
     python -m margrpo.bench.rewards --device cpu --size tiny --batch 16
     margrpo bench rewards --device cuda --size full --json rewards-gpu.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -78,8 +79,17 @@ def _served(local) -> tuple[RemoteReward, object]:
     return RemoteReward(url=server.url, remote_name="served", timeout=600, retries=0), server.stop
 
 
-def measure(names: tuple[str, ...], size: str, device: torch.device, dtype: str, batch: int, image_size: int,
-            repeats: int, root: Path, groups: list[dict] | None = None) -> list[Row]:
+def measure(
+    names: tuple[str, ...],
+    size: str,
+    device: torch.device,
+    dtype: str,
+    batch: int,
+    image_size: int,
+    repeats: int,
+    root: Path,
+    groups: list[dict] | None = None,
+) -> list[Row]:
     """The rows of one reward, `(name,)` or `("remote:name",)`, or of both `(name, "remote:name")`
     (one model, timed interleaved, the remote row paired with the local one); each round's order is
     appended to `groups`."""
@@ -120,9 +130,27 @@ def measure(names: tuple[str, ...], size: str, device: torch.device, dtype: str,
     for name in names:
         st = timed.stats(name)
         ratio = timed.ratio(base, name) if len(names) > 1 else None  # the local row of a pair: 1.0
-        rows.append(Row(name, size if base in WEIGHTED else "-", device.type, dtype, batch, image_size,
-                        round(st.p50, 2), round(batch / (st.p50 / 1e3), 1), st.p20, st.p50, st.p80, st.min, st.n,
-                        ratio and ratio.p50, ratio and ratio.p20, ratio and ratio.p80, mem[name]))
+        rows.append(
+            Row(
+                name,
+                size if base in WEIGHTED else "-",
+                device.type,
+                dtype,
+                batch,
+                image_size,
+                round(st.p50, 2),
+                round(batch / (st.p50 / 1e3), 1),
+                st.p20,
+                st.p50,
+                st.p80,
+                st.min,
+                st.n,
+                ratio and ratio.p50,
+                ratio and ratio.p20,
+                ratio and ratio.p80,
+                mem[name],
+            )
+        )
     return rows
 
 
@@ -140,15 +168,19 @@ def measured_together(names: list[str]) -> list[tuple[str, ...]]:
 def format_table(rows: list[Row]) -> str:
     """One line per reward: times (p50, p20, p80, min) per batch, images/s at the median, the remote
     rows' ratio to the local reward (paired per round) and the memory."""
-    head = (f"{'reward':<28} {'size':<5} {'device':<6} {'dtype':<9} {'batch':>5} {'px':>5} {'rounds':>6} "
-            f"{'p50 ms':>10} {'p20 ms':>10} {'p80 ms':>10} {'min ms':>10} {'images/s':>9} "
-            f"{'x local p50 [p20, p80]':>24} {'MB':>9}")
+    head = (
+        f"{'reward':<28} {'size':<5} {'device':<6} {'dtype':<9} {'batch':>5} {'px':>5} {'rounds':>6} "
+        f"{'p50 ms':>10} {'p20 ms':>10} {'p80 ms':>10} {'min ms':>10} {'images/s':>9} "
+        f"{'x local p50 [p20, p80]':>24} {'MB':>9}"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         ratio = f"{r.vs_local:.2f} [{r.vs_local_p20:.2f}, {r.vs_local_p80:.2f}]" if r.vs_local is not None else "-"
-        lines.append(f"{r.reward:<28} {r.size:<5} {r.device:<6} {r.dtype:<9} {r.batch:>5} {r.image_size:>5} "
-                     f"{r.rounds:>6} {r.p50_ms:>10.1f} {r.p20_ms:>10.1f} {r.p80_ms:>10.1f} {r.min_ms:>10.1f} "
-                     f"{r.images_per_s:>9.1f} {ratio:>24} {r.mem_mb:>9.3g}")
+        lines.append(
+            f"{r.reward:<28} {r.size:<5} {r.device:<6} {r.dtype:<9} {r.batch:>5} {r.image_size:>5} "
+            f"{r.rounds:>6} {r.p50_ms:>10.1f} {r.p20_ms:>10.1f} {r.p80_ms:>10.1f} {r.min_ms:>10.1f} "
+            f"{r.images_per_s:>9.1f} {ratio:>24} {r.mem_mb:>9.3g}"
+        )
     return "\n".join(lines)
 
 
@@ -169,22 +201,28 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"--rewards: got {', '.join(unknown)}, expected names from {', '.join(REWARDS)}")
     device = torch.device(args.device)
-    report = JsonReport(args.json, device, memory=memory.method(device),  # rewritten after every reward
-                        vs_local="median [p20, p80] over rounds of the local reward's time / the remote's, same round")
+    report = JsonReport(
+        args.json,
+        device,
+        memory=memory.method(device),  # rewritten after every reward
+        vs_local="median [p20, p80] over rounds of the local reward's time / the remote's, same round",
+    )
     print(f"{header(report.head['machine'])}\nmemory: {memory.method(device)}", flush=True)
     rows, groups = [], []
     started = time.perf_counter()
     for unit in measured_together(names):
         print(f"bench rewards: {', '.join(unit)} ...", file=sys.stderr, flush=True)
         with tempfile.TemporaryDirectory() as tmp:  # each reward's weights removed after its rows
-            new = measure(unit, args.size, device, args.dtype, args.batch, args.image_size, args.repeats, Path(tmp),
-                          groups)
+            new = measure(unit, args.size, device, args.dtype, args.batch, args.image_size, args.repeats, Path(tmp), groups)
         rows += new
         report.set("groups", groups)
         report.add(*map(asdict, new))
         for row in new:
-            print(f"bench rewards: {row.reward}: p50 {row.median_ms} ms per batch, at {time.perf_counter() - started:.0f} s",
-                  file=sys.stderr, flush=True)
+            print(
+                f"bench rewards: {row.reward}: p50 {row.median_ms} ms per batch, at {time.perf_counter() - started:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
     report.set("load_average_end", load_average())
     print(format_table(rows))
     return 0

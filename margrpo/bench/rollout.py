@@ -28,6 +28,7 @@ Harmon reference; shorten with --paths or --mask-steps.
     python -m margrpo.bench.rollout --models tiny --batch 4
     margrpo bench rollout --models nova,harmon --device cuda --batch 8 --json out.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -84,8 +85,7 @@ class StandInBackbone(nn.Module):
     def negative_prompt(self) -> str:
         return ""
 
-    def forward_z(self, prompts: PromptBatch, canvas: torch.Tensor, known: torch.Tensor,
-                  known_count: int | None = None) -> torch.Tensor:
+    def forward_z(self, prompts: PromptBatch, canvas: torch.Tensor, known: torch.Tensor, known_count: int | None = None) -> torch.Tensor:
         text = (prompts.embeds * prompts.mask[..., None]).sum(1) / prompts.mask.sum(1, keepdim=True).clamp(min=1)
         tokens = torch.where(known[..., None], self.token_in(canvas), self.mask_embed)
         return tokens + self.pos_embed + text[:, None]
@@ -106,8 +106,7 @@ class Setup:
     prompts: tuple[str, ...]  # cycled over the batch
 
 
-def make_setup(model: str, device: torch.device, dtype: torch.dtype, tokens: int, mask_steps: int,
-               diffusion_steps: int) -> Setup:
+def make_setup(model: str, device: torch.device, dtype: torch.dtype, tokens: int, mask_steps: int, diffusion_steps: int) -> Setup:
     """The backbone, sampler and rollout config of a benchmark model."""
     record = dict(record_mask_steps=min(12, mask_steps - 1), record_diffusion_steps=min(10, diffusion_steps - 1))
     if model == "tiny":
@@ -120,14 +119,21 @@ def make_setup(model: str, device: torch.device, dtype: torch.dtype, tokens: int
     case = CASES["nova-d6w1024" if model == "nova" else "harmon-mar_h"]
     backbone = StandInBackbone(build(case, device, dtype), tokens, 16).to(device)
     backbone.head.to(dtype)
-    config = RolloutConfig(num_mask_steps=mask_steps, schedule=case.family, cfg_scale=case.guidance.scale,
-                           cfg_channels=case.guidance.channels, num_seeds=case.num_seeds, **record)
+    config = RolloutConfig(
+        num_mask_steps=mask_steps,
+        schedule=case.family,
+        cfg_scale=case.guidance.scale,
+        cfg_channels=case.guidance.channels,
+        num_seeds=case.num_seeds,
+        **record,
+    )
     return Setup(backbone, make_sampler(case, diffusion_steps), config, ("a photo of a cat", "a red car on a road"))
 
 
 @torch.no_grad()
-def per_seed_rollout(backbone, prompts: list[str], config: RolloutConfig, sampler, all_tokens: bool,
-                     generator: torch.Generator) -> torch.Tensor:
+def per_seed_rollout(
+    backbone, prompts: list[str], config: RolloutConfig, sampler, all_tokens: bool, generator: torch.Generator
+) -> torch.Tensor:
     """The rollout with one eager chain per trajectory (margrpo.heads.reference), over the revealed
     tokens or over all N tokens of every image at every mask step. -> images."""
     B, N, C, K = len(prompts), backbone.num_tokens, backbone.token_channels, config.num_seeds
@@ -148,9 +154,14 @@ def per_seed_rollout(backbone, prompts: list[str], config: RolloutConfig, sample
         z = forward_rows(backbone, rows, canvas, known, start)
         noise = torch.randn(sampler.num_steps + 1, K + 1, positions.numel(), C, generator=generator, device=device)
         out = eager_multi_seed_denoise(
-            backbone.head, head_condition(z, rows, positions), sampler, K, noise,
+            backbone.head,
+            head_condition(z, rows, positions),
+            sampler,
+            K,
+            noise,
             cfg=guidance_for(config, config.cfg_scale_at(start + n, N)),
-            record_steps=record_steps if step in record_at else (), temperature=config.temperature,
+            record_steps=record_steps if step in record_at else (),
+            temperature=config.temperature,
         )
         x0 = out.x0[0].reshape(B, -1, C).float()
         values = x0.gather(1, revealed[..., None].expand(-1, -1, C)) if all_tokens else x0
@@ -160,8 +171,7 @@ def per_seed_rollout(backbone, prompts: list[str], config: RolloutConfig, sample
     return backbone.decode(canvas)
 
 
-def path_functions(setup: Setup, batch: int, device: torch.device,
-                   config: RolloutConfig | None = None) -> dict[str, Callable[[], object]]:
+def path_functions(setup: Setup, batch: int, device: torch.device, config: RolloutConfig | None = None) -> dict[str, Callable[[], object]]:
     """path -> a zero-argument rollout of `batch` images (config: setup.config unless given)."""
     prompts = [setup.prompts[i % len(setup.prompts)] for i in range(batch)]
     seeds = group_seeds(0, 0, list(range(batch)), 1)
@@ -197,10 +207,20 @@ class Row:
     mem_mb: float | None  # margrpo.bench.memory.method(device), of the warm-up rollout; None after a short one
 
 
-def run(models: tuple[str, ...], paths: tuple[str, ...], device: torch.device, dtype: torch.dtype, batch: int,
-        tokens: int, mask_steps: int, diffusion_steps: int, repeats: int,
-        on_row: Callable[[Row], None] | None = None, warmup_mask_steps: int | None = None,
-        groups: list[dict] | None = None) -> list[Row]:
+def run(
+    models: tuple[str, ...],
+    paths: tuple[str, ...],
+    device: torch.device,
+    dtype: torch.dtype,
+    batch: int,
+    tokens: int,
+    mask_steps: int,
+    diffusion_steps: int,
+    repeats: int,
+    on_row: Callable[[Row], None] | None = None,
+    warmup_mask_steps: int | None = None,
+    groups: list[dict] | None = None,
+) -> list[Row]:
     """Time the paths of every model; on_row(row) is called as each row is measured, and each model's
     rounds and interleaving order are appended to `groups`. The warm-up call of each path is a whole
     rollout (its memory measured), or one of warmup_mask_steps mask steps when given (every kernel runs
@@ -214,8 +234,9 @@ def run(models: tuple[str, ...], paths: tuple[str, ...], device: torch.device, d
             mem = {path: memory.call_mb(Timed(fn), device) for path, fn in fns.items()}
         else:
             steps = max(2, min(warmup_mask_steps, mask_steps))
-            short = dataclasses.replace(setup.config, num_mask_steps=steps,
-                                        record_mask_steps=min(setup.config.record_mask_steps, steps - 1))
+            short = dataclasses.replace(
+                setup.config, num_mask_steps=steps, record_mask_steps=min(setup.config.record_mask_steps, steps - 1)
+            )
             for path, warm in path_functions(setup, batch, device, short).items():
                 if path in paths:
                     warm()
@@ -225,10 +246,29 @@ def run(models: tuple[str, ...], paths: tuple[str, ...], device: torch.device, d
         for path in timed.times:
             st = timed.stats(path)
             ratio = timed.ratio("reference", path) if "reference" in timed.times else None
-            rows.append(Row(model, path, batch, setup.backbone.num_tokens, mask_steps, setup.sampler.num_steps,
-                            setup.config.num_seeds, setup.config.cfg_scale, st.p50, batch / (st.p50 / 1e3),
-                            ratio and ratio.p50, st.p20, st.p50, st.p80, st.min, st.n, ratio and ratio.p20,
-                            ratio and ratio.p80, mem[path]))
+            rows.append(
+                Row(
+                    model,
+                    path,
+                    batch,
+                    setup.backbone.num_tokens,
+                    mask_steps,
+                    setup.sampler.num_steps,
+                    setup.config.num_seeds,
+                    setup.config.cfg_scale,
+                    st.p50,
+                    batch / (st.p50 / 1e3),
+                    ratio and ratio.p50,
+                    st.p20,
+                    st.p50,
+                    st.p80,
+                    st.min,
+                    st.n,
+                    ratio and ratio.p20,
+                    ratio and ratio.p80,
+                    mem[path],
+                )
+            )
             if on_row:
                 on_row(rows[-1])
     return rows
@@ -237,16 +277,19 @@ def run(models: tuple[str, ...], paths: tuple[str, ...], device: torch.device, d
 def format_table(rows: list[Row]) -> str:
     """One line per (model, path): times (p50, p20, p80, min), images/s at the median, the speedup over
     the reference (paired per round) and the memory."""
-    lines = [f"{'model':<7} {'path':<10} {'B':>3} {'N':>5} {'S':>3} {'T':>3} {'K':>2} {'cfg':>4} {'rounds':>6} "
-             f"{'p50 ms':>10} {'p20 ms':>10} {'p80 ms':>10} {'min ms':>10} {'img/s':>9} {'x ref p50 [p20, p80]':>22} "
-             f"{'MB':>9}"]
+    lines = [
+        f"{'model':<7} {'path':<10} {'B':>3} {'N':>5} {'S':>3} {'T':>3} {'K':>2} {'cfg':>4} {'rounds':>6} "
+        f"{'p50 ms':>10} {'p20 ms':>10} {'p80 ms':>10} {'min ms':>10} {'img/s':>9} {'x ref p50 [p20, p80]':>22} "
+        f"{'MB':>9}"
+    ]
     for r in rows:
-        speed = (f"{r.speedup_vs_reference:.2f} [{r.speedup_p20:.2f}, {r.speedup_p80:.2f}]"
-                 if r.speedup_vs_reference is not None else "-")
+        speed = f"{r.speedup_vs_reference:.2f} [{r.speedup_p20:.2f}, {r.speedup_p80:.2f}]" if r.speedup_vs_reference is not None else "-"
         mem = f"{r.mem_mb:.3g}" if r.mem_mb is not None else "-"
-        lines.append(f"{r.model:<7} {r.path:<10} {r.batch:>3} {r.tokens:>5} {r.mask_steps:>3} {r.diffusion_steps:>3} "
-                     f"{r.num_seeds:>2} {r.cfg_scale:>4g} {r.rounds:>6} {r.p50_ms:>10.1f} {r.p20_ms:>10.1f} "
-                     f"{r.p80_ms:>10.1f} {r.min_ms:>10.1f} {r.images_per_s:>9.2f} {speed:>22} {mem:>9}")
+        lines.append(
+            f"{r.model:<7} {r.path:<10} {r.batch:>3} {r.tokens:>5} {r.mask_steps:>3} {r.diffusion_steps:>3} "
+            f"{r.num_seeds:>2} {r.cfg_scale:>4g} {r.rounds:>6} {r.p50_ms:>10.1f} {r.p20_ms:>10.1f} "
+            f"{r.p80_ms:>10.1f} {r.min_ms:>10.1f} {r.images_per_s:>9.2f} {speed:>22} {mem:>9}"
+        )
     return "\n".join(lines)
 
 
@@ -260,8 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mask-steps", type=int, help="S (default: 64 on CUDA, 8 on CPU)")
     parser.add_argument("--diffusion-steps", type=int, help="T (default: 25 on CUDA, 4 on CPU)")
     parser.add_argument("--repeats", type=int, help="timed rollouts after one warm-up (default: 1)")
-    parser.add_argument("--warmup-mask-steps", type=int,
-                        help="mask steps of the warm-up rollout of each path (default: a whole rollout)")
+    parser.add_argument("--warmup-mask-steps", type=int, help="mask steps of the warm-up rollout of each path (default: a whole rollout)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="head dtype (default: bf16 on CUDA)")
     parser.add_argument("--json", help="write the rows and the machine description to this file")
     args = parser.parse_args(argv)
@@ -274,24 +316,49 @@ def main(argv: list[str] | None = None) -> int:
     diffusion_steps = args.diffusion_steps or (25 if gpu else 4)
     repeats = args.repeats or 1
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if gpu else torch.float32)
-    for name, value in (("batch", batch), ("tokens", tokens), ("mask-steps", mask_steps),
-                        ("diffusion-steps", diffusion_steps), ("repeats", repeats)):
+    for name, value in (
+        ("batch", batch),
+        ("tokens", tokens),
+        ("mask-steps", mask_steps),
+        ("diffusion-steps", diffusion_steps),
+        ("repeats", repeats),
+    ):
         if value < 1 or (name in ("mask-steps", "diffusion-steps") and value < 2):
             raise SystemExit(f"--{name}: got {value}, expected a positive integer (>= 2 for step counts)")
-    report = JsonReport(args.json, device, dtype=str(dtype), memory=memory.method(device),
-                        speedup="median [p20, p80] over rounds of the reference's time / the path's, same round")
+    report = JsonReport(
+        args.json,
+        device,
+        dtype=str(dtype),
+        memory=memory.method(device),
+        speedup="median [p20, p80] over rounds of the reference's time / the path's, same round",
+    )
     print(f"{header(report.head['machine'])}\nmemory: {memory.method(device)}", flush=True)
     groups: list[dict] = []
 
     def on_row(row: Row) -> None:
         report.add(asdict(row))
         report.set("groups", groups)
-        print(f"[rollout] {row.model} {row.path}: p50 {row.p50_ms:.1f} ms ({row.images_per_s:.2f} images/s) "
-              f"at {time.perf_counter() - _STARTED:.0f} s", file=sys.stderr, flush=True)
+        print(
+            f"[rollout] {row.model} {row.path}: p50 {row.p50_ms:.1f} ms ({row.images_per_s:.2f} images/s) "
+            f"at {time.perf_counter() - _STARTED:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
 
-    rows = run(split_choices(models, MODELS, "models"), split_choices(args.paths, PATHS, "paths"), device, dtype, batch,
-               tokens, mask_steps, diffusion_steps, repeats, on_row=on_row, warmup_mask_steps=args.warmup_mask_steps,
-               groups=groups)
+    rows = run(
+        split_choices(models, MODELS, "models"),
+        split_choices(args.paths, PATHS, "paths"),
+        device,
+        dtype,
+        batch,
+        tokens,
+        mask_steps,
+        diffusion_steps,
+        repeats,
+        on_row=on_row,
+        warmup_mask_steps=args.warmup_mask_steps,
+        groups=groups,
+    )
     report.set("load_average_end", load_average())
     print(format_table(rows))
     return 0

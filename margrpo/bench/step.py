@@ -22,6 +22,7 @@ the rounds, and the speedup of fused over reference as the median [p20, p80] of 
 ratios reference / fused. On CUDA the trainer's phase times are host wall times. No memory column: a
 step's memory would need one more step per path (the warm-up runs a shorter schedule).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,9 +64,11 @@ def load_bench_config(path: str | Path | None, overrides: list[str] = ()) -> Tra
     for text in overrides:
         key = text.split("=", 1)[0].strip()
         if key in FIXED_KEYS:
-            raise ValueError(f"override {text!r}: the step benchmark fixes {key} (the reference code's algorithm: "
-                             f"{', '.join(f'{k}={v}' for k, v in PARITY_OVERRIDES.items())}, grpo.minibatches="
-                             "rollout.record_mask_steps); expected overrides of other keys")
+            raise ValueError(
+                f"override {text!r}: the step benchmark fixes {key} (the reference code's algorithm: "
+                f"{', '.join(f'{k}={v}' for k, v in PARITY_OVERRIDES.items())}, grpo.minibatches="
+                "rollout.record_mask_steps); expected overrides of other keys"
+            )
     parity = [f"{k}={v}" for k, v in PARITY_OVERRIDES.items()]
     config = load_config(path, [*overrides, *parity])
     return load_config(path, [*overrides, *parity, f"grpo.minibatches={config.rollout.record_mask_steps}"])
@@ -82,8 +85,7 @@ class StepBench:
 
     def __init__(self, config: TrainerConfig):
         if config.grpo.lora.rank:
-            raise ValueError(f"grpo.lora.rank: got {config.grpo.lora.rank}, expected 0 (the reference path trains "
-                             "the full policy)")
+            raise ValueError(f"grpo.lora.rank: got {config.grpo.lora.rank}, expected 0 (the reference path trains the full policy)")
         self.trainer = Trainer(config, create_run_dir=False)
         torch.set_num_threads(1)  # after the trainer, which applies run.threads
         self.device = self.trainer.device
@@ -119,8 +121,7 @@ class StepBench:
         prompts, seeds, _ = t._step_prompts(step)
         generator = torch.Generator(device=self.device).manual_seed(seeds[0])
         self.policy.eval()
-        images, records = nova_reference_rollout(self.policy, prompts, config.rollout, t.sampler, t._plan(step),
-                                                 generator)
+        images, records = nova_reference_rollout(self.policy, prompts, config.rollout, t.sampler, t._plan(step), generator)
         _sync(self.device)
         times["rollout"] = time.perf_counter() - begin
 
@@ -133,8 +134,9 @@ class StepBench:
         if t.reference is not None:
             t.reference.train(self.policy.training)  # the same forward mode, as the trainer does
         g = config.grpo
-        nova_reference_update(self.policy, t.reference, self.optimizer, prompts, records, t.sampler, rewards,
-                              g.group_size, g.kl_beta, config.optim.grad_clip)
+        nova_reference_update(
+            self.policy, t.reference, self.optimizer, prompts, records, t.sampler, rewards, g.group_size, g.kl_beta, config.optim.grad_clip
+        )
         _sync(self.device)
         times["train"] = time.perf_counter() - begin
         return times, images, rewards
@@ -143,8 +145,9 @@ class StepBench:
         """One step of each path on a short schedule (4 mask steps, 2 recorded, one prompt x group):
         first-call costs (backend picks, allocations) without a full step's time."""
         full = self.trainer.config
-        rollout = dataclasses.replace(full.rollout, num_mask_steps=min(4, full.rollout.num_mask_steps),
-                                      record_mask_steps=min(2, full.rollout.record_mask_steps))
+        rollout = dataclasses.replace(
+            full.rollout, num_mask_steps=min(4, full.rollout.num_mask_steps), record_mask_steps=min(2, full.rollout.record_mask_steps)
+        )
         grpo = dataclasses.replace(full.grpo, prompts_per_step=1, minibatches=rollout.record_mask_steps)
         self.trainer.config = dataclasses.replace(full, rollout=rollout, grpo=grpo)
         try:
@@ -159,13 +162,24 @@ class StepBench:
         r, g = config.rollout, config.grpo
         counts = mask_schedule(policy.num_tokens, r.num_mask_steps, r.schedule)
         return {
-            "checkpoint": config.backbone.checkpoint, "prompts_per_step": g.prompts_per_step,
-            "group_size": g.group_size, "images": g.prompts_per_step * g.group_size, "tokens": policy.num_tokens,
-            "token_channels": policy.token_channels, "mask_steps": r.num_mask_steps,
-            "effective_mask_steps": len(effective_steps(counts)), "diffusion_steps": self.trainer.sampler.num_steps,
-            "num_seeds": r.num_seeds, "cfg_scale": r.cfg_scale, "record_mask_steps": r.record_mask_steps,
-            "record_diffusion_steps": r.record_diffusion_steps, "mte": g.mte, "mte_ratio": g.mte_ratio,
-            "consistency": g.consistency, "kl_beta": g.kl_beta, "lr": config.optim.lr,
+            "checkpoint": config.backbone.checkpoint,
+            "prompts_per_step": g.prompts_per_step,
+            "group_size": g.group_size,
+            "images": g.prompts_per_step * g.group_size,
+            "tokens": policy.num_tokens,
+            "token_channels": policy.token_channels,
+            "mask_steps": r.num_mask_steps,
+            "effective_mask_steps": len(effective_steps(counts)),
+            "diffusion_steps": self.trainer.sampler.num_steps,
+            "num_seeds": r.num_seeds,
+            "cfg_scale": r.cfg_scale,
+            "record_mask_steps": r.record_mask_steps,
+            "record_diffusion_steps": r.record_diffusion_steps,
+            "mte": g.mte,
+            "mte_ratio": g.mte_ratio,
+            "consistency": g.consistency,
+            "kl_beta": g.kl_beta,
+            "lr": config.optim.lr,
             "algorithm": {**PARITY_OVERRIDES, "grpo.minibatches": g.minibatches},
             "torch_threads": torch.get_num_threads(),
         }
@@ -188,28 +202,42 @@ def run(config: TrainerConfig, steps: int, log=print) -> tuple[dict, dict[str, t
     def one_step(path: str) -> None:
         done[path] += 1  # a path's k-th call is round k: both paths of a round run the same step
         times, images[path], rewards = functions[path](done[path])
-        row = {"step": done[path], "path": path, **times, "total": sum(times.values()),
-               "reward_mean": float(rewards.float().mean())}
+        row = {"step": done[path], "path": path, **times, "total": sum(times.values()), "reward_mean": float(rewards.float().mean())}
         rows.append(row)
         phases = "  ".join(f"{k} {row[k]:.2f}s" for k in (*PHASES, "total"))
         log(f"[bench step] step {row['step']} {path:<9} {phases}  reward {row['reward_mean']:.3f}")
 
-    order = interleave({path: lambda path=path: one_step(path) for path in PATHS}, bench.device, min_time_s=0.0,
-                       warmup=0, min_rounds=steps, max_rounds=steps).order
+    order = interleave(
+        {path: lambda path=path: one_step(path) for path in PATHS},
+        bench.device,
+        min_time_s=0.0,
+        warmup=0,
+        min_rounds=steps,
+        max_rounds=steps,
+    ).order
     columns = (*PHASES, "total")
     # per column, the paths' seconds round by round (the trainer's phase times, not the call's wall time)
-    by_round = {c: Interleaved({p: [r[c] for r in sorted(rows, key=lambda r: r["step"]) if r["path"] == p]
-                                for p in PATHS}, order) for c in columns}
+    by_round = {
+        c: Interleaved({p: [r[c] for r in sorted(rows, key=lambda r: r["step"]) if r["path"] == p] for p in PATHS}, order) for c in columns
+    }
     stats = {path: {c: by_round[c].stats(path) for c in columns} for path in PATHS}
     ratios = {c: by_round[c].ratio("reference", "fused") for c in columns}
-    machine = {**machine_description(bench.device), "load_average": [round(v, 2) for v in load_before],
-               "load_average_before": list(load_before),
-               "load_average_after": list(os.getloadavg())}
+    machine = {
+        **machine_description(bench.device),
+        "load_average": [round(v, 2) for v in load_before],
+        "load_average_before": list(load_before),
+        "load_average_after": list(os.getloadavg()),
+    }
     report = {
-        "machine": machine, "settings": bench.settings(), "steps": steps, "rows": rows, "order": order,
+        "machine": machine,
+        "settings": bench.settings(),
+        "steps": steps,
+        "rows": rows,
+        "order": order,
         "mean_s": {path: {c: sum(by_round[c].times[path]) / steps for c in columns} for path in PATHS},
-        "stats_s": {path: {c: {k: getattr(st, k) for k in ("p20", "p50", "p80", "min")} for c, st in per.items()}
-                    for path, per in stats.items()},
+        "stats_s": {
+            path: {c: {k: getattr(st, k) for k in ("p20", "p50", "p80", "min")} for c, st in per.items()} for path, per in stats.items()
+        },
         "speedup": {c: r.p50 for c, r in ratios.items()},
         "speedup_p20": {c: r.p20 for c, r in ratios.items()},
         "speedup_p80": {c: r.p80 for c, r in ratios.items()},
@@ -220,15 +248,19 @@ def run(config: TrainerConfig, steps: int, log=print) -> tuple[dict, dict[str, t
 def format_table(report: dict) -> str:
     """One line per phase (and the total) and path: seconds p50, p20, p80, min and mean, and the
     speedup of fused over reference, paired per round (the reference's own line: 1.00x)."""
-    lines = [f"{'phase':<8} {'path':<10} {'p50 s':>9} {'p20 s':>9} {'p80 s':>9} {'min s':>9} {'mean s':>9} "
-             f"{'speedup p50 [p20, p80]':>24}"]
+    lines = [f"{'phase':<8} {'path':<10} {'p50 s':>9} {'p20 s':>9} {'p80 s':>9} {'min s':>9} {'mean s':>9} {'speedup p50 [p20, p80]':>24}"]
     for c in (*PHASES, "total"):
         for path in PATHS:
             st = report["stats_s"][path][c]
-            speed = (f"{report['speedup'][c]:.2f}x [{report['speedup_p20'][c]:.2f}, {report['speedup_p80'][c]:.2f}]"
-                     if path == "fused" else "1.00x [1.00, 1.00]")
-            lines.append(f"{c:<8} {path:<10} {st['p50']:>9.3f} {st['p20']:>9.3f} {st['p80']:>9.3f} {st['min']:>9.3f} "
-                         f"{report['mean_s'][path][c]:>9.3f} {speed:>24}")
+            speed = (
+                f"{report['speedup'][c]:.2f}x [{report['speedup_p20'][c]:.2f}, {report['speedup_p80'][c]:.2f}]"
+                if path == "fused"
+                else "1.00x [1.00, 1.00]"
+            )
+            lines.append(
+                f"{c:<8} {path:<10} {st['p50']:>9.3f} {st['p20']:>9.3f} {st['p80']:>9.3f} {st['min']:>9.3f} "
+                f"{report['mean_s'][path][c]:>9.3f} {speed:>24}"
+            )
     return "\n".join(lines)
 
 
@@ -247,8 +279,10 @@ def main(argv: list[str] | None = None) -> int:
     report["command"] = " ".join(["margrpo bench step --config", args.config, f"--steps {args.steps}", *args.overrides])
     machine = report["machine"]
     print(header(machine))
-    print(f"load average (1 min) {machine['load_average_before'][0]:.2f} -> {machine['load_average_after'][0]:.2f} "
-          f"over the run, {args.steps} rounds")
+    print(
+        f"load average (1 min) {machine['load_average_before'][0]:.2f} -> {machine['load_average_after'][0]:.2f} "
+        f"over the run, {args.steps} rounds"
+    )
     print(format_table(report))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")

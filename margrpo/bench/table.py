@@ -8,6 +8,7 @@ buckets are the measured sizes of the op's main input, split at the geometric mi
 (the first from 0, the last without bound). Rows from older bench JSON (median_ms, no mode) read as
 forward rows.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,15 +22,14 @@ from margrpo.ops import _table
 # bench op -> the public ops it times, each with its main input's elements at bench dims [D0, B, N, C]
 PUBLIC_OPS = {
     "gaussian_logprob": (("gaussian_logprob", lambda d0, b, n, c: d0 * b * n * c),),
-    "trajectory_std+topk_mask": (("trajectory_std", lambda d0, b, n, c: d0 * b * n * c),
-                                 ("topk_mask", lambda d0, b, n, c: b * n)),
+    "trajectory_std+topk_mask": (("trajectory_std", lambda d0, b, n, c: d0 * b * n * c), ("topk_mask", lambda d0, b, n, c: b * n)),
     "consistency_mask": (("consistency_mask", lambda d0, b, n, c: d0 * b * n * c),),
     "grpo_surrogate": (("grpo_surrogate", lambda d0, b, n, c: d0 * b * n),),
 }
 
 
 def _backend_of(impl: str) -> str | None:
-    return impl[len("margrpo["):-1] if impl.startswith("margrpo[") and impl.endswith("]") else None
+    return impl[len("margrpo[") : -1] if impl.startswith("margrpo[") and impl.endswith("]") else None
 
 
 def _geomean(values: list[float]) -> float:
@@ -56,8 +56,9 @@ def speedups(reports: Iterable[dict]) -> dict[tuple[str, str, tuple[int, ...]], 
             try:
                 op, dims, impl, speedup = row["op"], tuple(row["dims"]), row["impl"], float(row["speedup"])
             except (KeyError, TypeError, ValueError):
-                raise ValueError(f"bench rows[{i}]: got {row!r}, expected op, dims, impl and speedup "
-                                 "(the rows of `margrpo bench ops --json`)") from None
+                raise ValueError(
+                    f"bench rows[{i}]: got {row!r}, expected op, dims, impl and speedup (the rows of `margrpo bench ops --json`)"
+                ) from None
             if op in PUBLIC_OPS and len(dims) == 4 and speedup > 0:
                 found[(kind, op, dims)][impl].append(speedup)
     return {key: {impl: _geomean(v) for impl, v in impls.items()} for key, impls in found.items()}
@@ -87,10 +88,13 @@ def measurements(reports: Iterable[dict]) -> Measured:
         best = backends[order[0]]
         measured[(op, kind)][elements] = {
             "order": order,
-            "measured": {"dims": sorted(found["dims"]), "elements": elements,
-                         "speedup_vs_eager": {k: round(v, 3) for k, v in sorted(impls.items())},
-                         "beats_eager": best > 1.0,
-                         "beats_compile": best > impls["compile"] if "compile" in impls else None},
+            "measured": {
+                "dims": sorted(found["dims"]),
+                "elements": elements,
+                "speedup_vs_eager": {k: round(v, 3) for k, v in sorted(impls.items())},
+                "beats_eager": best > 1.0,
+                "beats_compile": best > impls["compile"] if "compile" in impls else None,
+            },
         }
     return dict(measured)
 
@@ -112,8 +116,7 @@ def entries(reports: Iterable[dict]) -> list[dict]:
     return bucketed(measurements(reports))
 
 
-def write(path: str | Path, reports: list[dict], sources: list[str], keep: bool = True,
-          assume_for: tuple[str, ...] = ()) -> list[dict]:
+def write(path: str | Path, reports: list[dict], sources: list[str], keep: bool = True, assume_for: tuple[str, ...] = ()) -> list[dict]:
     """Write the table at `path` from bench `reports`. With `keep`, an existing valid table at
     `path` is merged: its entries for (op, device kind) pairs these reports did not measure stay as
     they are, and for measured pairs its measurements at other sizes stay (the buckets are then
@@ -129,8 +132,10 @@ def write(path: str | Path, reports: list[dict], sources: list[str], keep: bool 
         if kind not in _table.DEVICE_KINDS:
             raise ValueError(f"assume_for: got {kind!r}, expected device kinds from {', '.join(_table.DEVICE_KINDS)}")
         if len(measured_kinds) != 1 or measured_kinds[0] == "cpu" or kind in measured_kinds or kind == "cpu":
-            raise ValueError(f"assume_for: got {kind!r} for rows measured on {', '.join(measured_kinds)}, expected a GPU "
-                             "kind without figures, from the rows of one GPU kind")
+            raise ValueError(
+                f"assume_for: got {kind!r} for rows measured on {', '.join(measured_kinds)}, expected a GPU "
+                "kind without figures, from the rows of one GPU kind"
+            )
         for (op, _), sized in list(measured.items()):
             measured[(op, kind)] = {n: {**m, "assumed_from": measured_kinds[0]} for n, m in sized.items()}
     path = Path(path)
@@ -142,17 +147,22 @@ def write(path: str | Path, reports: list[dict], sources: list[str], keep: bool 
             pair, elements = (e["op"], e["device"]), e.get("measured", {}).get("elements")
             if pair not in measured:
                 kept.append(e)
-            elif isinstance(elements, int) and "assumed_from" not in e and elements not in measured[pair] \
-                    and not any("assumed_from" in m for m in measured[pair].values()):
-                measured[pair][elements] = {k: v for k, v in e.items() if k not in ("op", "device", "min_elements",
-                                                                                   "max_elements")}
+            elif (
+                isinstance(elements, int)
+                and "assumed_from" not in e
+                and elements not in measured[pair]
+                and not any("assumed_from" in m for m in measured[pair].values())
+            ):
+                measured[pair][elements] = {k: v for k, v in e.items() if k not in ("op", "device", "min_elements", "max_elements")}
         old_sources = [s for s in old.get("sources", []) if s not in sources]
     new = bucketed(measured)
-    table = {"format": _table.FORMAT,
-             "about": "margrpo.ops._table: auto's backend order per op, device kind and size bucket (elements of the "
-                      "op's main input), fastest first as measured; written by `margrpo bench ops --write-table`",
-             "sources": old_sources + sources,
-             "entries": sorted(kept + new, key=lambda e: (e["op"], e["device"], e["min_elements"]))}
+    table = {
+        "format": _table.FORMAT,
+        "about": "margrpo.ops._table: auto's backend order per op, device kind and size bucket (elements of the "
+        "op's main input), fastest first as measured; written by `margrpo bench ops --write-table`",
+        "sources": old_sources + sources,
+        "entries": sorted(kept + new, key=lambda e: (e["op"], e["device"], e["min_elements"])),
+    }
     _table.parse(table, str(path))
     path.write_text(json.dumps(table, indent=1) + "\n")
     return new
@@ -162,8 +172,9 @@ def verdicts(rows: Iterable[dict]) -> list[str]:
     """One line per (op, shape, mode) where no margrpo backend beats eager, or torch.compile."""
     groups: dict[tuple, dict[str, float]] = defaultdict(dict)
     for row in rows:
-        groups[(row["op"], row.get("size") or row.get("shape"), tuple(row["dims"]), row.get("mode") or "forward")][
-            row["impl"]] = float(row["speedup"])
+        groups[(row["op"], row.get("size") or row.get("shape"), tuple(row["dims"]), row.get("mode") or "forward")][row["impl"]] = float(
+            row["speedup"]
+        )
     lines = []
     for (op, label, dims, mode), impls in groups.items():
         backends = {b: s for impl, s in impls.items() if (b := _backend_of(impl))}
@@ -174,6 +185,8 @@ def verdicts(rows: Iterable[dict]) -> list[str]:
         if backends[best] <= 1.0:
             lines.append(f"{shape}: no margrpo backend beats eager (best margrpo[{best}] {backends[best]:.2f}x eager)")
         elif "compile" in impls and backends[best] <= impls["compile"]:
-            lines.append(f"{shape}: no margrpo backend beats torch.compile (best margrpo[{best}] {backends[best]:.2f}x "
-                         f"eager, compile {impls['compile']:.2f}x)")
+            lines.append(
+                f"{shape}: no margrpo backend beats torch.compile (best margrpo[{best}] {backends[best]:.2f}x "
+                f"eager, compile {impls['compile']:.2f}x)"
+            )
     return lines

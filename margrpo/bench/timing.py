@@ -11,6 +11,7 @@ calls of one round ran moments apart, under the same load) and summarised by the
 A method may have an untimed `setup` run just before each of its timed calls (a backward pass
 needs a fresh forward graph, which must not count).
 """
+
 from __future__ import annotations
 
 import gc
@@ -94,9 +95,16 @@ def _call_ms(timed: Timed, device: torch.device, clock: Callable[[], float] | No
     return (now() - begin) * 1e3
 
 
-def interleave(fns: dict[str, Timed | Callable[[], object]], device: torch.device, min_time_s: float = 0.3,
-               warmup: int = 3, min_rounds: int = 10, max_rounds: int = 2000, seed: int = 0,
-               clock: Callable[[], float] | None = None) -> Interleaved:
+def interleave(
+    fns: dict[str, Timed | Callable[[], object]],
+    device: torch.device,
+    min_time_s: float = 0.3,
+    warmup: int = 3,
+    min_rounds: int = 10,
+    max_rounds: int = 2000,
+    seed: int = 0,
+    clock: Callable[[], float] | None = None,
+) -> Interleaved:
     """Time every method in rounds, each round calling each method once in a shuffled order.
 
     After `warmup` untimed calls of each, rounds continue until about min_time_s per method has
@@ -131,15 +139,20 @@ def interleave(fns: dict[str, Timed | Callable[[], object]], device: torch.devic
     return result
 
 
-def interleaved_ms(fns: dict[str, Callable[[], object]], device: torch.device, min_time_s: float = 0.3,
-                   warmup: int = 3, min_rounds: int = 10, max_rounds: int = 2000) -> dict[str, tuple[float, float]]:
+def interleaved_ms(
+    fns: dict[str, Callable[[], object]],
+    device: torch.device,
+    min_time_s: float = 0.3,
+    warmup: int = 3,
+    min_rounds: int = 10,
+    max_rounds: int = 2000,
+) -> dict[str, tuple[float, float]]:
     """(median, min) milliseconds of each fn() over interleaved rounds (see `interleave`)."""
     timed = interleave(fns, device, min_time_s, warmup, min_rounds, max_rounds)
     return {name: (statistics.median(t), min(t)) for name, t in timed.times.items()}
 
 
-def median_ms(fns: dict[str, Callable[[], object]], device: torch.device, repeats: int,
-              warmup: int = 1) -> dict[str, float]:
+def median_ms(fns: dict[str, Callable[[], object]], device: torch.device, repeats: int, warmup: int = 1) -> dict[str, float]:
     """Median ms of each fn over exactly `repeats` interleaved rounds after `warmup` calls of each
     (for methods that take seconds: rollouts, training steps)."""
     timed = interleaved_ms(fns, device, min_time_s=0.0, warmup=warmup, min_rounds=repeats, max_rounds=repeats)

@@ -6,6 +6,7 @@ of the default config). The shipped files are package data, so the name resolves
 source checkout and in a wheel install, whatever the working directory. (The checkpoints a training
 run writes are margrpo.train.checkpoint's business, not this module's.)
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -31,7 +32,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
     (an unknown NAME is an error listing the shipped ones); anything else -> Path(path) unchanged."""
     if not is_builtin(path):
         return Path(path)
-    name = str(path)[len(BUILTIN_PREFIX):]
+    name = str(path)[len(BUILTIN_PREFIX) :]
     if name not in builtin_checkpoints():
         shipped = ", ".join(BUILTIN_PREFIX + n for n in builtin_checkpoints())
         raise ConfigFileNotFoundError(f"checkpoint: got {str(path)!r}, expected one of the shipped checkpoints {shipped}")

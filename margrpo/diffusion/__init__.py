@@ -4,6 +4,7 @@ Samplers follow docs/CONTRACTS.md ("Diffusion samplers"): step(model_output, x_t
 StepOutput(x_prev, mean, std, logp), logprob(...) for training recomputation, is_deterministic(i)
 and stochastic_steps() for the steps that carry a likelihood.
 """
+
 from .ddpm import DDPMSampler
 from .factory import from_diffusers_config, make_sampler, mar_sampler
 from .flow import FlowSDESampler, flow_sigmas

@@ -14,6 +14,7 @@ Per step i (training step t_i, abar = alphas_cumprod[t_i], abar_prev = that of t
   std  = sqrt(var) * temperature; 0 (deterministic) where the kept training step is 0 (IDDPM and
          diffusers add no noise there) or the fixed-small posterior variance is exactly 0.
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -24,8 +25,14 @@ import torch
 from . import schedules
 from .sampler import Sampler, check_train_inputs, per_token, scalar_std
 
-PREDICTION_TYPES = {"epsilon": "epsilon", "eps": "epsilon", "sample": "sample", "x0": "sample",
-                    "v_prediction": "v_prediction", "v": "v_prediction"}
+PREDICTION_TYPES = {
+    "epsilon": "epsilon",
+    "eps": "epsilon",
+    "sample": "sample",
+    "x0": "sample",
+    "v_prediction": "v_prediction",
+    "v": "v_prediction",
+}
 VARIANCE_TYPES = ("fixed_small", "fixed_large", "learned_range")
 SPACINGS = schedules.DIFFUSERS_SPACINGS + ("iddpm", "ddim")
 
@@ -161,14 +168,15 @@ class DDPMSampler(Sampler):
     def _train_coefs(self, x0, noise, t_train):
         check_train_inputs(x0, noise, t_train, floating=False)
         if t_train.numel() and (int(t_train.min()) < 0 or int(t_train.max()) >= self.num_train_timesteps):
-            raise ValueError(f"t_train: values must lie in [0, {self.num_train_timesteps}), "
-                             f"got {int(t_train.min())}..{int(t_train.max())}")
+            raise ValueError(f"t_train: values must lie in [0, {self.num_train_timesteps}), got {int(t_train.min())}..{int(t_train.max())}")
         abar = per_token(torch.from_numpy(self._train_abar).to(x0.device)[t_train.long()], x0)
         return abar.sqrt(), (1.0 - abar).sqrt()
 
     def __repr__(self) -> str:
-        return (f"DDPMSampler(num_steps={self.num_steps}, prediction_type={self.prediction_type!r}, "
-                f"variance_type={self.variance_type!r}, timesteps={self.timesteps[0]}..{self.timesteps[-1]})")
+        return (
+            f"DDPMSampler(num_steps={self.num_steps}, prediction_type={self.prediction_type!r}, "
+            f"variance_type={self.variance_type!r}, timesteps={self.timesteps[0]}..{self.timesteps[-1]})"
+        )
 
 
 def _kept_timesteps(spacing, num_steps: int, num_train: int, steps_offset: int) -> list[int]:

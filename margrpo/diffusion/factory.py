@@ -1,4 +1,5 @@
 """Building samplers from presets and configs: make_sampler, from_diffusers_config, mar_sampler."""
+
 from __future__ import annotations
 
 import inspect
@@ -73,9 +74,7 @@ def mar_sampler(num_steps: int | str, noise_schedule: str = "cosine", learn_sigm
     elif isinstance(num_steps, int) and not isinstance(num_steps, bool) and 1 <= num_steps <= num_train:
         kept = schedules.space_timesteps(num_train, str(num_steps))
     else:
-        raise ValueError(
-            f"num_steps: got {num_steps!r}, expected an int in [1, {num_train}] or an IDDPM section string"
-        )
+        raise ValueError(f"num_steps: got {num_steps!r}, expected an int in [1, {num_train}] or an IDDPM section string")
     return DDPMSampler(
         len(kept),
         num_train_timesteps=num_train,
@@ -112,10 +111,7 @@ def from_diffusers_config(config: Mapping[str, Any] | str | os.PathLike, num_ste
         kwargs = _flow_kwargs(keys)
         kwargs.update(options)
         return _construct(FlowSDESampler, "from_diffusers_config", num_steps=num_steps, **kwargs)
-    raise ValueError(
-        f"config: scheduler class {class_name!r} is not supported, expected DDPMScheduler or "
-        f"FlowMatchEulerDiscreteScheduler"
-    )
+    raise ValueError(f"config: scheduler class {class_name!r} is not supported, expected DDPMScheduler or FlowMatchEulerDiscreteScheduler")
 
 
 _KINDS = {"ddpm": DDPMSampler, "flow": FlowSDESampler, "mar": mar_sampler, "diffusers": from_diffusers_config}
@@ -168,10 +164,7 @@ def _ddpm_kwargs(keys: dict[str, Any]) -> dict[str, Any]:
         if cfg[feature]:
             raise ValueError(f"config: {feature}={cfg[feature]!r} is not supported, expected false")
     if cfg["variance_type"] not in _DDPM_VARIANCE:
-        raise ValueError(
-            f"config: variance_type={cfg['variance_type']!r} is not supported, "
-            f"expected one of {', '.join(_DDPM_VARIANCE)}"
-        )
+        raise ValueError(f"config: variance_type={cfg['variance_type']!r} is not supported, expected one of {', '.join(_DDPM_VARIANCE)}")
     return {
         "num_train_timesteps": cfg["num_train_timesteps"],
         "beta_schedule": cfg["beta_schedule"],
@@ -190,9 +183,7 @@ def _flow_kwargs(keys: dict[str, Any]) -> dict[str, Any]:
     known = set(_FLOW_USED) | set(_FLOW_OFF) | set(_FLOW_IGNORED)
     unknown = sorted(set(keys) - known)
     if unknown:
-        raise ValueError(
-            f"config: unknown FlowMatchEulerDiscreteScheduler key(s) {unknown}; expected some of {sorted(known)}"
-        )
+        raise ValueError(f"config: unknown FlowMatchEulerDiscreteScheduler key(s) {unknown}; expected some of {sorted(known)}")
     for key, off in _FLOW_OFF.items():
         if keys.get(key, off) != off:
             raise ValueError(f"config: {key}={keys[key]!r} is not supported by FlowSDESampler, expected {off!r}")

@@ -10,6 +10,7 @@ dt = sigma_{i+1} - sigma_i < 0.
 Sampling sigmas follow NOVA's set_timesteps: linspace(1, s(1/N), T) mapped through the shift
 s(x) = shift x / (1 + (shift - 1) x), then a final 0; the head receives sigma * N.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,8 +28,7 @@ def shift_sigmas(sigmas: np.ndarray, shift: float) -> np.ndarray:
     return shift * sigmas / (shift * sigmas + (1.0 - sigmas))
 
 
-def flow_sigmas(num_steps: int, shift: float = 1.0, num_train_timesteps: int = 1000,
-                flow_shift: float | None = None) -> np.ndarray:
+def flow_sigmas(num_steps: int, shift: float = 1.0, num_train_timesteps: int = 1000, flow_shift: float | None = None) -> np.ndarray:
     """NOVA's sampling sigmas [T + 1] (float64): sigma_0 = 1 ... sigma_{T-1}, then 0.
 
     As NOVA's scheduler: the range's low end is the scheduler's own `shift` applied to 1/N (fixed at
@@ -72,8 +72,7 @@ class FlowSDESampler(Sampler):
             raise ValueError(f"shift: got {shift!r}, expected a finite float > 0")
         if flow_shift is not None and (not _is_real(flow_shift) or flow_shift <= 0):
             raise ValueError(f"flow_shift: got {flow_shift!r}, expected None or a finite float > 0")
-        if isinstance(num_train_timesteps, bool) or not isinstance(num_train_timesteps, (int, np.integer)) \
-                or num_train_timesteps < 1:
+        if isinstance(num_train_timesteps, bool) or not isinstance(num_train_timesteps, (int, np.integer)) or num_train_timesteps < 1:
             raise ValueError(f"num_train_timesteps: got {num_train_timesteps!r}, expected a positive int")
         if mode not in FLOW_MODES:
             raise ValueError(f"mode: got {mode!r}, expected one of {', '.join(FLOW_MODES)}")
@@ -133,8 +132,7 @@ class FlowSDESampler(Sampler):
         return per_token(t_train, x0)
 
     def __repr__(self) -> str:
-        return (f"FlowSDESampler(num_steps={self.num_steps}, mode={self.mode!r}, "
-                f"noise_level={self.noise_level}, shift={self.shift})")
+        return f"FlowSDESampler(num_steps={self.num_steps}, mode={self.mode!r}, noise_level={self.noise_level}, shift={self.shift})"
 
 
 def _is_real(value) -> bool:

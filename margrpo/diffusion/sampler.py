@@ -5,6 +5,7 @@ mean and std from per-step coefficients precomputed once (float64), then x_prev 
 and logp = sum over channels of log N(x_prev; mean, std^2). Step i = 0 is the noisiest step.
 Means, stds and log-probs are computed in float32 (float64 stays float64) whatever the head's dtype.
 """
+
 from __future__ import annotations
 
 import math
@@ -174,13 +175,15 @@ def check_train_inputs(x0: torch.Tensor, noise: torch.Tensor, t_train: torch.Ten
     training steps) shaped like leading dims of x0."""
     if noise.shape != x0.shape:
         raise ValueError(f"noise: got shape {tuple(noise.shape)}, expected x0's shape {tuple(x0.shape)}")
-    if (not isinstance(t_train, torch.Tensor) or t_train.is_floating_point() != floating or t_train.dtype == torch.bool
-            or t_train.dim() >= x0.dim() or tuple(t_train.shape) != tuple(x0.shape[: t_train.dim()])):
+    if (
+        not isinstance(t_train, torch.Tensor)
+        or t_train.is_floating_point() != floating
+        or t_train.dtype == torch.bool
+        or t_train.dim() >= x0.dim()
+        or tuple(t_train.shape) != tuple(x0.shape[: t_train.dim()])
+    ):
         expected = "float sigmas" if floating else "integer training steps"
-        raise ValueError(
-            f"t_train: got {_describe(t_train)}, expected {expected} shaped like leading dims of x0 "
-            f"{tuple(x0.shape[:-1])}"
-        )
+        raise ValueError(f"t_train: got {_describe(t_train)}, expected {expected} shaped like leading dims of x0 {tuple(x0.shape[:-1])}")
 
 
 def per_token(values: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
@@ -189,8 +192,10 @@ def per_token(values: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
 
 
 def _check_temperature(temperature) -> None:
-    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not (
-        math.isfinite(temperature) and float(temperature) >= 0
+    if (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, numbers.Real)
+        or not (math.isfinite(temperature) and float(temperature) >= 0)
     ):
         raise ValueError(f"temperature: got {temperature!r}, expected a finite float >= 0")
 

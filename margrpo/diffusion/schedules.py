@@ -5,6 +5,7 @@ Everything here is float64 numpy, computed once when a sampler is built. Two res
 - diffusers DDPMScheduler `timestep_spacing`: "leading" (with steps_offset), "trailing", "linspace".
 Timestep lists are returned in sampling order: the noisiest kept training step first.
 """
+
 from __future__ import annotations
 
 import math
@@ -23,9 +24,7 @@ def cosine_alpha_bar(t: np.ndarray) -> np.ndarray:
     return np.cos((t + 0.008) / 1.008 * math.pi / 2) ** 2
 
 
-def make_betas(
-    schedule: str, num_train_timesteps: int = 1000, beta_start: float = 1e-4, beta_end: float = 0.02
-) -> np.ndarray:
+def make_betas(schedule: str, num_train_timesteps: int = 1000, beta_start: float = 1e-4, beta_end: float = 0.02) -> np.ndarray:
     """Training betas [N] (float64) of a named schedule.
 
     linear: linspace(beta_start, beta_end); scaled_linear: linspace(sqrt start, sqrt end)^2 (Stable
@@ -71,9 +70,7 @@ def space_timesteps(num_train_timesteps: int, section_counts: str | Sequence[int
             for s in range(1, n):
                 if len(range(0, n, s)) == desired:
                     return sorted(range(0, n, s), reverse=True)
-            raise ValueError(
-                f"section_counts: got {section_counts!r}; no integer stride gives exactly {desired} of {n} steps"
-            )
+            raise ValueError(f"section_counts: got {section_counts!r}; no integer stride gives exactly {desired} of {n} steps")
         counts = [_parse_int("section_counts", part, section_counts) for part in section_counts.split(",")]
     else:
         counts = [int(c) for c in section_counts]
@@ -85,9 +82,7 @@ def space_timesteps(num_train_timesteps: int, section_counts: str | Sequence[int
     for index, count in enumerate(counts):
         size = size_per + (1 if index < extra else 0)
         if size < count:
-            raise ValueError(
-                f"section_counts: got {section_counts!r}; cannot take {count} steps from a section of {size}"
-            )
+            raise ValueError(f"section_counts: got {section_counts!r}; cannot take {count} steps from a section of {size}")
         stride = 1.0 if count <= 1 else (size - 1) / (count - 1)
         position = 0.0
         for _ in range(count):
@@ -126,9 +121,7 @@ def check_timesteps(timesteps: Sequence[int], num_train_timesteps: int, what: st
     if any(a <= b for a, b in zip(timesteps, timesteps[1:])):
         raise ValueError(f"{what}: timesteps must be distinct and decreasing, got {list(timesteps)}")
     if timesteps[-1] < 0 or timesteps[0] >= num_train_timesteps:
-        raise ValueError(
-            f"{what}: timesteps must lie in [0, {num_train_timesteps}), got {timesteps[-1]}..{timesteps[0]}"
-        )
+        raise ValueError(f"{what}: timesteps must lie in [0, {num_train_timesteps}), got {timesteps[-1]}..{timesteps[0]}")
 
 
 def respaced_betas(alphas_cumprod: np.ndarray, timesteps: Sequence[int]) -> np.ndarray:

@@ -17,6 +17,7 @@ this environment, and this library does not make up substitutes. A JSONL file of
 objects/position metadata (margrpo.prompt_files) can be scored by the geneval scorer with
 `--prompts FILE`, and any prompt file by the preference suite.
 """
+
 from __future__ import annotations
 
 import abc
@@ -75,12 +76,18 @@ class GenEvalSuite(Suite):
     name = "geneval"
     default_per_category = 50
 
-    def __init__(self, detector: str | Path | None = None, clip: str | Path | None = None, device: str | None = None,
-                 box_threshold: float = 0.3, nms_iou: float = 0.5, margin: float = 0.05) -> None:
+    def __init__(
+        self,
+        detector: str | Path | None = None,
+        clip: str | Path | None = None,
+        device: str | None = None,
+        box_threshold: float = 0.3,
+        nms_iou: float = 0.5,
+        margin: float = 0.05,
+    ) -> None:
         from .geneval_detector import GenEvalScorer
 
-        self.scorer = GenEvalScorer(detector, clip, box_threshold=box_threshold, nms_iou=nms_iou, margin=margin,
-                                    device=device)
+        self.scorer = GenEvalScorer(detector, clip, box_threshold=box_threshold, nms_iou=nms_iou, margin=margin, device=device)
 
     def prompts(self, per_category: int, seed: int) -> list[PromptRecord]:
         from .geneval_prompts import geneval_prompts
@@ -91,8 +98,10 @@ class GenEvalSuite(Suite):
     def check_records(cls, records: list[PromptRecord]) -> None:
         missing = [r.prompt for r in records if not r.meta.get("objects")]
         if missing:
-            raise ValueError(f"geneval: prompt {missing[0]!r} has no 'objects' metadata, which this scorer judges "
-                             "(a .jsonl prompt file: margrpo.prompt_files)")
+            raise ValueError(
+                f"geneval: prompt {missing[0]!r} has no 'objects' metadata, which this scorer judges "
+                "(a .jsonl prompt file: margrpo.prompt_files)"
+            )
 
     def score(self, images: torch.Tensor, records: list[PromptRecord]) -> SuiteReport:
         from .geneval_score import summarize
@@ -101,8 +110,7 @@ class GenEvalSuite(Suite):
         results = self.scorer(images, [r.meta for r in records])
         tags = [r.tag or "untagged" for r in records]
         scores, counts = summarize(tags, [ok for ok, _ in results])
-        details = [{"prompt": r.prompt, "tag": t, "correct": ok, "why": why}
-                   for r, t, (ok, why) in zip(records, tags, results)]
+        details = [{"prompt": r.prompt, "tag": t, "correct": ok, "why": why} for r, t, (ok, why) in zip(records, tags, results)]
         return SuiteReport(self.name, scores, counts, details=details)
 
 

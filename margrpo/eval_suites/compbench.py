@@ -4,6 +4,7 @@ model (compbench_models), where the model runs on this library's dependencies, a
 substitute where it does not (GroundingDINO for UniDet; rule-based noun phrases where spaCy is not
 installed). The score of a category is the mean over its images, as the benchmark reports it.
 """
+
 from __future__ import annotations
 
 import sys
@@ -22,14 +23,28 @@ from .compbench_data import CATEGORIES, CompBenchData
 from .report import SuiteReport
 
 ATTRIBUTE = ("color", "shape", "texture")
-NEEDS = {"color": ("blip",), "shape": ("blip",), "texture": ("blip",), "spatial": ("detector",),
-         "3d_spatial": ("detector", "depth"), "non_spatial": ("clip",), "numeracy": ("detector",),
-         "complex": ("blip", "clip", "detector")}
+NEEDS = {
+    "color": ("blip",),
+    "shape": ("blip",),
+    "texture": ("blip",),
+    "spatial": ("detector",),
+    "3d_spatial": ("detector", "depth"),
+    "non_spatial": ("clip",),
+    "numeracy": ("detector",),
+    "complex": ("blip", "clip", "detector"),
+}
 PARSED = ("color", "shape", "texture", "spatial", "3d_spatial", "complex")  # categories that read prompt words
 UNIDET = "GroundingDINO, SUBSTITUTE for UniDet"
-METHODS = {"color": "BLIP-VQA", "shape": "BLIP-VQA", "texture": "BLIP-VQA", "spatial": UNIDET,
-           "3d_spatial": f"{UNIDET}; DPT depth", "non_spatial": "CLIP ViT-B/32", "numeracy": UNIDET,
-           "complex": f"3-in-1: BLIP-VQA, CLIP ViT-B/32, {UNIDET}"}
+METHODS = {
+    "color": "BLIP-VQA",
+    "shape": "BLIP-VQA",
+    "texture": "BLIP-VQA",
+    "spatial": UNIDET,
+    "3d_spatial": f"{UNIDET}; DPT depth",
+    "non_spatial": "CLIP ViT-B/32",
+    "numeracy": UNIDET,
+    "complex": f"3-in-1: BLIP-VQA, CLIP ViT-B/32, {UNIDET}",
+}
 SUBSTITUTED = ("spatial", "3d_spatial", "numeracy", "complex")
 
 
@@ -57,11 +72,17 @@ class CompBenchReport(SuiteReport):
         """One row in the T2I-CompBench++ column order; substitute columns starred and explained."""
         subs = set(self.substitutes)
         heads = [f"{k}*" if k in subs else k for k in self.scores]
-        lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads),
-                 "| " + " | ".join(f"{v:.4f}" for v in self.scores.values()) + " |", ""]
+        lines = [
+            "| " + " | ".join(heads) + " |",
+            "|" + "---|" * len(heads),
+            "| " + " | ".join(f"{v:.4f}" for v in self.scores.values()) + " |",
+            "",
+        ]
         if subs:
-            lines.append("\\* scored with a substitute, not comparable with published T2I-CompBench numbers: "
-                         + "; ".join(f"{k}: {self.methods[k]}" for k in self.scores if k in subs))
+            lines.append(
+                "\\* scored with a substitute, not comparable with published T2I-CompBench numbers: "
+                + "; ".join(f"{k}: {self.methods[k]}" for k in self.scores if k in subs)
+            )
         lines += self.notes
         return "\n".join(lines) + "\n"
 
@@ -82,10 +103,20 @@ class CompBenchSuite(Suite):
     name = "t2i-compbench"
     default_per_category = sys.maxsize  # every prompt of each file unless --per-category
 
-    def __init__(self, data: str | Path | None = None, blip: str | Path | None = None, clip: str | Path | None = None,
-                 detector: str | Path | None = None, depth: str | Path | None = None, spacy: str | None = None,
-                 categories: str | None = None, device: str | None = None, box_threshold: float = 0.3,
-                 batch_size: int = 16, dtype: torch.dtype | str = torch.float32) -> None:
+    def __init__(
+        self,
+        data: str | Path | None = None,
+        blip: str | Path | None = None,
+        clip: str | Path | None = None,
+        detector: str | Path | None = None,
+        depth: str | Path | None = None,
+        spacy: str | None = None,
+        categories: str | None = None,
+        device: str | None = None,
+        box_threshold: float = 0.3,
+        batch_size: int = 16,
+        dtype: torch.dtype | str = torch.float32,
+    ) -> None:
         from .compbench_text import build_parser
 
         if data is None:
@@ -97,16 +128,17 @@ class CompBenchSuite(Suite):
         self.batch_size = batch_size
         self.parser = build_parser(spacy) if any(c in PARSED for c in chosen) else None
         needed = {model for c in chosen for model in NEEDS[c]}
-        self.models = self._load(needed, blip=blip, clip=clip, detector=detector, depth=depth,
-                                 box_threshold=box_threshold)
+        self.models = self._load(needed, blip=blip, clip=clip, detector=detector, depth=depth, box_threshold=box_threshold)
 
     def _load(self, needed: set[str], box_threshold: float, **paths) -> dict[str, Any]:
         from . import compbench_models as m
 
-        makers = {"blip": lambda p: m.BlipVQA(p, self.device, self.dtype),
-                  "clip": lambda p: m.Clip(p, self.device, self.dtype),
-                  "detector": lambda p: m.Detector(p, self.device, self.dtype, box_threshold=box_threshold),
-                  "depth": lambda p: m.Depth(p, self.device, self.dtype)}
+        makers = {
+            "blip": lambda p: m.BlipVQA(p, self.device, self.dtype),
+            "clip": lambda p: m.Clip(p, self.device, self.dtype),
+            "detector": lambda p: m.Detector(p, self.device, self.dtype, box_threshold=box_threshold),
+            "depth": lambda p: m.Depth(p, self.device, self.dtype),
+        }
         return {name: makers[name](paths[name]) for name in ("blip", "clip", "detector", "depth") if name in needed}
 
     def prompts(self, per_category: int, seed: int) -> list[PromptRecord]:
@@ -128,14 +160,15 @@ class CompBenchSuite(Suite):
         tags = [r.tag for r in records]
         unknown = sorted({t for t in tags if t not in self.categories})
         if unknown:
-            raise ValueError(f"t2i-compbench: records tagged {', '.join(map(str, unknown))}, expected one of "
-                             f"{', '.join(self.categories)} (the suite scores its own prompts)")
+            raise ValueError(
+                f"t2i-compbench: records tagged {', '.join(map(str, unknown))}, expected one of "
+                f"{', '.join(self.categories)} (the suite scores its own prompts)"
+            )
         per_image = [0.0] * len(records)
         details: list[dict[str, Any]] = [{"prompt": r.prompt, "tag": r.tag} for r in records]
         for start in range(0, len(records), self.batch_size):
             chunk = list(range(start, min(start + self.batch_size, len(records))))
-            for i, value in zip(chunk, self._score_chunk(images[chunk], [records[i] for i in chunk],
-                                                         [details[i] for i in chunk])):
+            for i, value in zip(chunk, self._score_chunk(images[chunk], [records[i] for i in chunk], [details[i] for i in chunk])):
                 per_image[i] = value
                 details[i]["score"] = value
         scores, counts = {}, {}
@@ -146,11 +179,9 @@ class CompBenchSuite(Suite):
         methods = self.methods()
         notes = []
         if self.parser is not None and not self.parser.official:
-            notes.append(f"prompt words read by {self.parser.name}: install spaCy and en_core_web_sm for the "
-                         "benchmark's own reading")
+            notes.append(f"prompt words read by {self.parser.name}: install spaCy and en_core_web_sm for the benchmark's own reading")
         substitutes = [c for c in scores if c in SUBSTITUTED or "substitute" in methods[c]]
-        return CompBenchReport(self.name, scores, counts, details=details, methods=methods, substitutes=substitutes,
-                               notes=notes)
+        return CompBenchReport(self.name, scores, counts, details=details, methods=methods, substitutes=substitutes, notes=notes)
 
     def _score_chunk(self, images: torch.Tensor, records: list[PromptRecord], details: list[dict]) -> list[float]:
         """Scores of a chunk of images (any categories mixed), filling each image's details."""
@@ -163,14 +194,12 @@ class CompBenchSuite(Suite):
                 pairs[i] = self.parser.spatial_pair(p)
             elif t == "complex" and "spatial" in complex_parts[i]:
                 pairs[i] = self.parser.complex_pair(p)
-        asked = {i: rules.numeracy_objects(p, self.data.objects) for i, (p, t) in enumerate(zip(prompts, tags))
-                 if t == "numeracy"}
+        asked = {i: rules.numeracy_objects(p, self.data.objects) for i, (p, t) in enumerate(zip(prompts, tags)) if t == "numeracy"}
         words = [list(pairs[i]) if pairs.get(i) else [name for name, _ in asked.get(i, [])] for i in range(len(tags))]
         found = self.models["detector"](images, words) if any(words) else [{} for _ in tags]
         depth = self.models["depth"](images) if "3d_spatial" in tags else None
         clip_texts = {i: p for i, (p, t) in enumerate(zip(prompts, tags)) if t == "non_spatial"}
-        clip_texts.update({i: self.parser.without_adjectives(prompts[i]) for i, parts in complex_parts.items()
-                           if "action" in parts})
+        clip_texts.update({i: self.parser.without_adjectives(prompts[i]) for i, parts in complex_parts.items() if "action" in parts})
         clip = {}
         if clip_texts:
             index = sorted(clip_texts)
@@ -190,8 +219,11 @@ class CompBenchSuite(Suite):
             elif tag == "3d_spatial":
                 value = self._spatial_3d(prompts[i], pairs[i], found[i], depth[i])
             else:  # complex
-                parts = {"attribute": attribute[i], "action": clip.get(i, 0.0),
-                         "spatial": self._spatial_2d(prompts[i], pairs.get(i), found[i])}
+                parts = {
+                    "attribute": attribute[i],
+                    "action": clip.get(i, 0.0),
+                    "spatial": self._spatial_2d(prompts[i], pairs.get(i), found[i]),
+                }
                 value = rules.three_in_one(complex_parts[i], **parts)
                 details[i]["parts"] = {k: parts[k] for k in complex_parts[i]}
             if i in pairs:
@@ -201,8 +233,9 @@ class CompBenchSuite(Suite):
 
     def _attribute(self, images: torch.Tensor, prompts: list[str], asks: list[bool]) -> list[float]:
         """BLIP-VQA score per image (1.0 where not asked)."""
-        questions = [([f"{np}?" for np in self.parser.noun_phrases(p)][:rules.MAX_PHRASES] if ask else [])
-                     for p, ask in zip(prompts, asks)]
+        questions = [
+            ([f"{np}?" for np in self.parser.noun_phrases(p)][: rules.MAX_PHRASES] if ask else []) for p, ask in zip(prompts, asks)
+        ]
         flat = [(i, q) for i, qs in enumerate(questions) if qs for q in qs]
         if not flat:
             return [1.0] * len(prompts)

@@ -14,6 +14,7 @@ under examples/dataset/) or that dataset directory itself. Files read, one promp
 Only the files of the categories asked for must be there; a missing one is an error naming it and
 where the authors publish it. Categories are kept in the order of the T2I-CompBench++ tables.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -22,9 +23,14 @@ from pathlib import Path
 SOURCE = "https://github.com/Karine-Huang/T2I-CompBench (folder examples/dataset)"
 # category -> the prompt file it is evaluated on (the benchmark's validation split)
 PROMPT_FILES = {
-    "color": "color_val.txt", "shape": "shape_val.txt", "texture": "texture_val.txt",
-    "spatial": "spatial_val.txt", "3d_spatial": "3d_spatial_val.txt", "non_spatial": "non_spatial_val.txt",
-    "numeracy": "numeracy_val.txt", "complex": "complex_val.txt",
+    "color": "color_val.txt",
+    "shape": "shape_val.txt",
+    "texture": "texture_val.txt",
+    "spatial": "spatial_val.txt",
+    "3d_spatial": "3d_spatial_val.txt",
+    "non_spatial": "non_spatial_val.txt",
+    "numeracy": "numeracy_val.txt",
+    "complex": "complex_val.txt",
 }
 CATEGORIES = tuple(PROMPT_FILES)
 # further files a category's scoring reads
@@ -39,8 +45,9 @@ def dataset_dir(data: str | Path) -> Path:
     """The folder holding the prompt files: DATA/examples/dataset when DATA is the checkout, else DATA."""
     root = Path(data).expanduser()
     if not root.is_dir():
-        raise CompBenchDataError(f"--data: {root} is not a directory; expected a local checkout of "
-                                 f"T2I-CompBench or its examples/dataset folder ({SOURCE})")
+        raise CompBenchDataError(
+            f"--data: {root} is not a directory; expected a local checkout of T2I-CompBench or its examples/dataset folder ({SOURCE})"
+        )
     nested = root / "examples" / "dataset"
     return nested if nested.is_dir() else root
 
@@ -64,9 +71,9 @@ class CompBenchData:
     """The prompts of each category asked for, and the files their scoring reads."""
 
     prompts: dict[str, list[str]]
-    objects: dict[str, str]          # numeracy vocabulary: plural and singular -> singular
+    objects: dict[str, str]  # numeracy vocabulary: plural and singular -> singular
     complex_spatial: frozenset[str]  # sentence_key of complex prompts with a spatial relation
-    complex_action: frozenset[str]   # ... with an action (non-spatial) relation
+    complex_action: frozenset[str]  # ... with an action (non-spatial) relation
 
     @classmethod
     def read(cls, data: str | Path, categories: tuple[str, ...] = CATEGORIES) -> "CompBenchData":
@@ -83,8 +90,7 @@ class CompBenchData:
         if "numeracy" in categories:
             for number, line in enumerate(read_lines(folder, "new_objects.txt"), start=1):
                 if " - " not in line:
-                    raise CompBenchDataError(f"--data: {folder / 'new_objects.txt'}:{number}: got {line!r}, "
-                                             "expected 'singular - plural'")
+                    raise CompBenchDataError(f"--data: {folder / 'new_objects.txt'}:{number}: got {line!r}, expected 'singular - plural'")
                 singular, plural = (w.strip().lower() for w in line.split(" - ", 1))
                 objects.setdefault(singular, singular)
                 objects.setdefault(plural, singular)

@@ -26,6 +26,7 @@ Facts from the benchmark's evaluation scripts (Karine-Huang/T2I-CompBench), rest
 Distances are in pixels of the benchmark's 512-pixel images; boxes here are image-normalised, so the
 150-pixel threshold is 150 / 512 of the image side (identical at 512 pixels).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -33,14 +34,12 @@ from collections.abc import Sequence
 from .geneval_score import Box
 
 MAX_PHRASES = 8
-LOCALITY_2D = ("on side of", "next to", "near", "on the left of", "on the right of", "on the bottom of",
-               "on the top of", "on top of")
+LOCALITY_2D = ("on side of", "next to", "near", "on the left of", "on the right of", "on the bottom of", "on the top of", "on top of")
 LOCALITY_3D = ("in front of", "behind", "hidden")
 NEAR = ("next to", "on side of", "near")
 NEAR_DISTANCE = 150 / 512
 SPATIAL_CUT = 0.5
-NUMBER_WORDS = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
-                "eight": 8}
+NUMBER_WORDS = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8}
 SINGLE = ("a", "an", "one")
 
 
@@ -66,8 +65,7 @@ def box_iou(a: Box, b: Box) -> float:
     return inter / union if union > 0 else 0.0
 
 
-def position_2d(locality: str | None, box1: Box, box2: Box, iou_threshold: float = 0.1,
-                near_distance: float = NEAR_DISTANCE) -> float:
+def position_2d(locality: str | None, box1: Box, box2: Box, iou_threshold: float = 0.1, near_distance: float = NEAR_DISTANCE) -> float:
     """How well box1 stands `locality` of box2, in [0, 1] (the rule in the module docstring)."""
     dx = box2.center[0] - box1.center[0]
     dy = box2.center[1] - box1.center[1]
@@ -76,8 +74,7 @@ def position_2d(locality: str | None, box1: Box, box2: Box, iou_threshold: float
             return 1.0
         return near_distance / max(abs(dx), abs(dy))
     # (offset along the relation's axis, across it, the sign the offset must have)
-    axes = {"on the left of": (dx, dy, 1), "on the right of": (dx, dy, -1), "on the top of": (dy, dx, 1),
-            "on the bottom of": (dy, dx, -1)}
+    axes = {"on the left of": (dx, dy, 1), "on the right of": (dx, dy, -1), "on the top of": (dy, dx, 1), "on the bottom of": (dy, dx, -1)}
     if locality not in axes:
         return 0.0
     along, across, sign = axes[locality]
@@ -87,8 +84,7 @@ def position_2d(locality: str | None, box1: Box, box2: Box, iou_threshold: float
     return 1.0 if iou < iou_threshold else iou_threshold / iou
 
 
-def position_3d(locality: str | None, box1: Box, box2: Box, depth1: float, depth2: float,
-                iou_threshold: float = 0.5) -> float:
+def position_3d(locality: str | None, box1: Box, box2: Box, depth1: float, depth2: float, iou_threshold: float = 0.5) -> float:
     """3D relation of box1 to box2 from their mean inverse depths (larger = nearer), in [0, 1]."""
     if locality == "in front of":
         right_side = depth1 - depth2 > 0
@@ -126,7 +122,7 @@ def numeracy_objects(prompt: str, objects: dict[str, str]) -> list[tuple[str, in
     for i, word in enumerate(words):
         if word not in NUMBER_WORDS or i + 1 >= len(words):
             continue
-        two = " ".join(words[i + 1:i + 3]) if i + 2 < len(words) else None
+        two = " ".join(words[i + 1 : i + 3]) if i + 2 < len(words) else None
         if two is not None and two in objects:
             plural_asked = two not in singulars and word not in SINGLE
             found.append((objects[two], NUMBER_WORDS[word] if plural_asked else 1))

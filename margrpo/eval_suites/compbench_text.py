@@ -12,6 +12,7 @@ adjectives from a fixed list of attribute words (colours, materials, shapes, siz
 benchmark's templated prompts ("a green bench and a blue bowl", "a dog in front of a desk") it reads
 what spaCy reads; on free sentences it is an approximation, and every table says which was used.
 """
+
 from __future__ import annotations
 
 import re
@@ -19,18 +20,19 @@ import re
 EXCLUDED_CHUNKS = ("top", "the side", "the left", "the right")
 # the relation phrases around which a complex prompt's two objects are read
 COMPLEX_RELATIONS = ("on top of", "on bottom of", "on the left", "on the right", "next to", "on side of", "near")
-DETERMINERS = frozenset("a an the this that these those its his her their our my your some one two three four five "
-                        "six seven eight".split())
+DETERMINERS = frozenset("a an the this that these those its his her their our my your some one two three four five six seven eight".split())
 AUXILIARIES = frozenset("is are was were be been being has have had".split())
 FUNCTION_WORDS = AUXILIARIES | frozenset(
     "and or but with without on in of at near next to behind by under over above below beside besides from into "
-    "onto for while as that which who whose front top bottom left right side hidden there here it they them".split())
+    "onto for while as that which who whose front top bottom left right side hidden there here it they them".split()
+)
 ATTRIBUTE_WORDS = frozenset(
     "red orange yellow green blue purple pink brown black white gray grey beige gold golden silver violet "
     "wooden wood metallic metal plastic glass leather fabric rubber fluffy furry soft hard smooth rough shiny "
     "round square rectangular circular oval triangular cubic cylindrical spherical conical pyramidal oblong "
     "teardrop big small large tiny tall short long little huge giant old new young warm cool cold hot calm "
-    "bright dark sharp crisp choppy".split())
+    "bright dark sharp crisp choppy".split()
+)
 
 
 def words(text: str) -> list[str]:
@@ -76,7 +78,7 @@ class RuleParser:
         for relation in COMPLEX_RELATIONS:
             at = f" {text} ".find(f" {relation} ")
             if at >= 0:
-                before, after = self.chunks(text[:at]), self.chunks(text[at + len(relation):])
+                before, after = self.chunks(text[:at]), self.chunks(text[at + len(relation) :])
                 if before and after:
                     return before[-1][-1], after[0][-1]
         return None
@@ -109,13 +111,14 @@ class SpacyParser:
         doc = self.nlp(prompt)
         found = []
         for i in range(len(doc)):
-            size = next((k for k in (3, 2, 1) if doc[i:i + k].text in COMPLEX_RELATIONS), 0)
+            size = next((k for k in (3, 2, 1) if doc[i : i + k].text in COMPLEX_RELATIONS), 0)
             if not size:
                 continue
             found += [doc[j].text for j in range(i - 1, -1, -1) if doc[j].pos_ in ("NOUN", "PROPN")][:1]
             after = [doc[j].text for j in range(i + size, len(doc)) if doc[j].pos_ == "NOUN"][:1]
-            found += after or [doc[j].text for j in range(i + size, len(doc) - 1)
-                               if doc[j].pos_ == "PROPN" and doc[j + 1].pos_ != "PROPN"][:1]
+            found += (
+                after or [doc[j].text for j in range(i + size, len(doc) - 1) if doc[j].pos_ == "PROPN" and doc[j + 1].pos_ != "PROPN"][:1]
+            )
         return (found[0], found[1]) if len(found) == 2 else None
 
     def without_adjectives(self, prompt: str) -> str:
@@ -133,6 +136,8 @@ def build_parser(parser: str | None = None):
     except (ImportError, OSError) as err:
         if parser is None:
             return RuleParser()
-        raise ValueError(f"--spacy: cannot load the spaCy pipeline {parser!r} ({type(err).__name__}: {err}); "
-                         "install spaCy and the pipeline (python -m spacy download en_core_web_sm) or give its "
-                         "directory, or --spacy rules for the rule-based substitute") from err
+        raise ValueError(
+            f"--spacy: cannot load the spaCy pipeline {parser!r} ({type(err).__name__}: {err}); "
+            "install spaCy and the pipeline (python -m spacy download en_core_web_sm) or give its "
+            "directory, or --spacy rules for the rule-based substitute"
+        ) from err

@@ -10,6 +10,7 @@ Colour: the most confident box of each class whose colour is asked is cropped fr
 classified zero-shot by a CLIP model (transformers CLIPModel, e.g. openai/clip-vit-large-patch14)
 among GenEval's colours, with the texts "a photo of a {color} {class}".
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -24,10 +25,13 @@ from margrpo.rewards.weights import WeightsSpec, require_files, resolve
 from .geneval_prompts import COLORS
 from .geneval_score import Box, judge
 
-CLIP_SPEC = WeightsSpec("geneval colour classifier", "clip-vit-large-patch14",
-                        "a Hugging Face CLIPModel directory: config.json, model.safetensors, tokenizer files "
-                        "and preprocessor_config.json", "https://huggingface.co/openai/clip-vit-large-patch14",
-                        option="--clip")
+CLIP_SPEC = WeightsSpec(
+    "geneval colour classifier",
+    "clip-vit-large-patch14",
+    "a Hugging Face CLIPModel directory: config.json, model.safetensors, tokenizer files and preprocessor_config.json",
+    "https://huggingface.co/openai/clip-vit-large-patch14",
+    option="--clip",
+)
 
 
 def corners(box: torch.Tensor) -> torch.Tensor:
@@ -51,22 +55,30 @@ class GenEvalScorer:
     """Detect and judge GenEval-style images. detector: the GroundingDINO directory (--detector);
     clip: the CLIP directory (--clip); margin: position margin (fraction of the image side)."""
 
-    def __init__(self, detector: str | Path, clip: str | Path, box_threshold: float = 0.3, nms_iou: float = 0.5,
-                 margin: float = 0.05, device: str | None = None, dtype: torch.dtype | str = torch.float32) -> None:
+    def __init__(
+        self,
+        detector: str | Path,
+        clip: str | Path,
+        box_threshold: float = 0.3,
+        nms_iou: float = 0.5,
+        margin: float = 0.05,
+        device: str | None = None,
+        dtype: torch.dtype | str = torch.float32,
+    ) -> None:
         from margrpo.rewards.grounding_dino import SPEC, GroundingDinoReward
         from margrpo.rewards.hf_clip import HFClip
 
         self.device, self.dtype = torch.device(device or default_device()), as_dtype(dtype)
         detector_spec = replace(SPEC, reward="geneval detector", option="--detector")
         directory = resolve(detector_spec, detector, kind="dir")
-        require_files(detector_spec, directory, ["config.json", "preprocessor_config.json",
-                                                 ("tokenizer.json", "vocab.txt")])
+        require_files(detector_spec, directory, ["config.json", "preprocessor_config.json", ("tokenizer.json", "vocab.txt")])
         # both directories checked before either model loads (the detector takes minutes)
         clip_dir = resolve(CLIP_SPEC, clip, kind="dir")
         require_files(CLIP_SPEC, clip_dir, ["config.json", "preprocessor_config.json", ("tokenizer.json", "vocab.json")])
         # every word of a class name counts ("hot dog": hot and dog), as the class is one query
-        self.detector = GroundingDinoReward(path=str(directory), box_threshold=box_threshold, phrase_tokens="all",
-                                            device=str(self.device), dtype=self.dtype)
+        self.detector = GroundingDinoReward(
+            path=str(directory), box_threshold=box_threshold, phrase_tokens="all", device=str(self.device), dtype=self.dtype
+        )
         self.clip = HFClip(CLIP_SPEC, clip_dir, None, self.device, self.dtype)
         self.box_threshold, self.nms_iou, self.margin = box_threshold, nms_iou, margin
         self._color_texts: dict[str, torch.Tensor] = {}
@@ -97,8 +109,7 @@ class GenEvalScorer:
 
     def _read_colors(self, pixels: torch.Tensor, metadata: list[dict], found: list[dict[str, list[Box]]]) -> None:
         """Set the colour of each asked-for coloured class's top box (CLIP zero-shot over COLORS)."""
-        asks = [(i, o["class"]) for i, m in enumerate(metadata) for o in m.get("objects", [])
-                if "color" in o and found[i].get(o["class"])]
+        asks = [(i, o["class"]) for i, m in enumerate(metadata) for o in m.get("objects", []) if "color" in o and found[i].get(o["class"])]
         if not asks:
             return
         size = self.clip.transform.crop[0] if self.clip.transform.crop else self.clip.transform.size

@@ -13,6 +13,7 @@ prompts. Counts are 2 to 4, colours and relations GenEval's vocabularies. These 
 prompts in GenEval's categories, not GenEval's published prompt list (not shipped by any package
 installed here), so scores are comparable between models evaluated here, not with published tables.
 """
+
 from __future__ import annotations
 
 import random
@@ -21,22 +22,92 @@ from margrpo.prompt_files import PromptRecord
 
 # the 80 COCO detection classes, in COCO's category order
 COCO_CLASSES = (
-    "person", "bicycle", "car", "motorcycle", "airplane", "bus", "train", "truck", "boat", "traffic light",
-    "fire hydrant", "stop sign", "parking meter", "bench", "bird", "cat", "dog", "horse", "sheep", "cow",
-    "elephant", "bear", "zebra", "giraffe", "backpack", "umbrella", "handbag", "tie", "suitcase", "frisbee",
-    "skis", "snowboard", "sports ball", "kite", "baseball bat", "baseball glove", "skateboard", "surfboard",
-    "tennis racket", "bottle", "wine glass", "cup", "fork", "knife", "spoon", "bowl", "banana", "apple",
-    "sandwich", "orange", "broccoli", "carrot", "hot dog", "pizza", "donut", "cake", "chair", "couch",
-    "potted plant", "bed", "dining table", "toilet", "tv", "laptop", "mouse", "remote", "keyboard", "cell phone",
-    "microwave", "oven", "toaster", "sink", "refrigerator", "book", "clock", "vase", "scissors", "teddy bear",
-    "hair drier", "toothbrush",
+    "person",
+    "bicycle",
+    "car",
+    "motorcycle",
+    "airplane",
+    "bus",
+    "train",
+    "truck",
+    "boat",
+    "traffic light",
+    "fire hydrant",
+    "stop sign",
+    "parking meter",
+    "bench",
+    "bird",
+    "cat",
+    "dog",
+    "horse",
+    "sheep",
+    "cow",
+    "elephant",
+    "bear",
+    "zebra",
+    "giraffe",
+    "backpack",
+    "umbrella",
+    "handbag",
+    "tie",
+    "suitcase",
+    "frisbee",
+    "skis",
+    "snowboard",
+    "sports ball",
+    "kite",
+    "baseball bat",
+    "baseball glove",
+    "skateboard",
+    "surfboard",
+    "tennis racket",
+    "bottle",
+    "wine glass",
+    "cup",
+    "fork",
+    "knife",
+    "spoon",
+    "bowl",
+    "banana",
+    "apple",
+    "sandwich",
+    "orange",
+    "broccoli",
+    "carrot",
+    "hot dog",
+    "pizza",
+    "donut",
+    "cake",
+    "chair",
+    "couch",
+    "potted plant",
+    "bed",
+    "dining table",
+    "toilet",
+    "tv",
+    "laptop",
+    "mouse",
+    "remote",
+    "keyboard",
+    "cell phone",
+    "microwave",
+    "oven",
+    "toaster",
+    "sink",
+    "refrigerator",
+    "book",
+    "clock",
+    "vase",
+    "scissors",
+    "teddy bear",
+    "hair drier",
+    "toothbrush",
 )
 COLORS = ("red", "orange", "yellow", "green", "blue", "purple", "pink", "brown", "black", "white")
 RELATIONS = ("left of", "right of", "above", "below")
 COUNT_WORDS = {2: "two", 3: "three", 4: "four"}
 CATEGORIES = ("single_object", "two_object", "counting", "colors", "position", "color_attr")
-_IRREGULAR = {"person": "people", "mouse": "mice", "knife": "knives", "sheep": "sheep", "skis": "skis",
-              "scissors": "scissors"}
+_IRREGULAR = {"person": "people", "mouse": "mice", "knife": "knives", "sheep": "sheep", "skis": "skis", "scissors": "scissors"}
 
 
 def plural(name: str) -> str:
@@ -75,12 +146,19 @@ def _make(category: str, rng: random.Random) -> PromptRecord:
         return _record(category, f"a photo of {with_article(f'{color} {name}')}", [{"class": name, "color": color}])
     if category == "position":
         (a, b), relation = rng.sample(COCO_CLASSES, 2), rng.choice(RELATIONS)
-        return _record(category, f"a photo of {with_article(a)} {relation} {with_article(b)}",
-                       [{"class": a}, {"class": b}], {"subject": a, "relation": relation, "object": b})
+        return _record(
+            category,
+            f"a photo of {with_article(a)} {relation} {with_article(b)}",
+            [{"class": a}, {"class": b}],
+            {"subject": a, "relation": relation, "object": b},
+        )
     if category == "color_attr":
         (a, b), (ca, cb) = rng.sample(COCO_CLASSES, 2), rng.sample(COLORS, 2)
-        return _record(category, f"a photo of {with_article(f'{ca} {a}')} and {with_article(f'{cb} {b}')}",
-                       [{"class": a, "color": ca}, {"class": b, "color": cb}])
+        return _record(
+            category,
+            f"a photo of {with_article(f'{ca} {a}')} and {with_article(f'{cb} {b}')}",
+            [{"class": a, "color": ca}, {"class": b, "color": cb}],
+        )
     raise ValueError(f"category: got {category!r}, expected one of {', '.join(CATEGORIES)}")
 
 

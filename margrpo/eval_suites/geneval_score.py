@@ -9,6 +9,7 @@ An image is correct when every requirement of its prompt's metadata (margrpo.pro
             relation's axis (x for left of / right of, y downwards for above / below).
 The summary is GenEval's: the accuracy per category (tag), and overall = the mean of the categories.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -4,6 +4,7 @@ The unit resampled is the prompt: images of one prompt share it and are not inde
 prompt contributes the mean difference over its samples, and the interval is that of the mean over
 prompts under resampling of prompts with replacement.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -23,8 +24,9 @@ class PairedDifference:
     level: float
 
 
-def paired_difference(before: Sequence[float], after: Sequence[float], resamples: int = 10000, level: float = 0.95,
-                      seed: int = 0) -> PairedDifference:
+def paired_difference(
+    before: Sequence[float], after: Sequence[float], resamples: int = 10000, level: float = 0.95, seed: int = 0
+) -> PairedDifference:
     """Mean of after[i] - before[i] over prompts i and its percentile-bootstrap interval (fixed seed, so a
     report is reproducible). One prompt gives a zero-width interval."""
     if len(before) != len(after):

@@ -1,4 +1,5 @@
 """A suite's result: a score per category plus "overall", the images behind each, a table and JSON."""
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,7 @@ class SuiteReport:
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
-        return {"suite": self.suite, "scores": self.scores, "images": self.images, "settings": self.settings,
-                "details": self.details}
+        return {"suite": self.suite, "scores": self.scores, "images": self.images, "settings": self.settings, "details": self.details}
 
     def write(self, path: str | Path) -> Path:
         path = Path(path)

@@ -4,6 +4,7 @@ Images come from the policy as the held-out evaluation makes them (fixed seeds f
 EMA weights with run.eval_ema), `--samples-per-prompt` per prompt (default run.eval_samples_per_prompt).
 The report is printed as a table and written as JSON (--out, default eval-<suite>.json).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,31 +16,34 @@ from margrpo.config import ConfigError
 from . import SUITES, SuiteReport, build_suite, suite_options
 
 
-SUITE_OPTIONS = ("detector", "clip", "data", "categories", "blip", "depth", "spacy", "weights", "reward_options",
-                 "compare")
+SUITE_OPTIONS = ("detector", "clip", "data", "categories", "blip", "depth", "spacy", "weights", "reward_options", "compare")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("suites")
     group.add_argument("--suite", choices=list(SUITES), help="score a benchmark suite, reported per category")
-    group.add_argument("--per-category", type=int,
-                       help="prompts per category (default: geneval 50, shapes run.eval_per_category, "
-                       "t2i-compbench all)")
+    group.add_argument(
+        "--per-category", type=int, help="prompts per category (default: geneval 50, shapes run.eval_per_category, t2i-compbench all)"
+    )
     group.add_argument("--samples-per-prompt", type=int, help="images per prompt (default run.eval_samples_per_prompt)")
-    group.add_argument("--prompts", help="a prompt file: geneval (.jsonl, instead of its prompts), preference "
-                       "(required)")
+    group.add_argument("--prompts", help="a prompt file: geneval (.jsonl, instead of its prompts), preference (required)")
     group.add_argument("--detector", help="geneval, t2i-compbench: the GroundingDINO directory (Hugging Face layout)")
-    group.add_argument("--clip", help="geneval: the CLIP directory for colours; t2i-compbench: CLIP ViT-B/32 "
-                       "(Hugging Face layout)")
+    group.add_argument("--clip", help="geneval: the CLIP directory for colours; t2i-compbench: CLIP ViT-B/32 (Hugging Face layout)")
     group.add_argument("--data", help="t2i-compbench: a local checkout of T2I-CompBench (or its examples/dataset)")
     group.add_argument("--categories", help="t2i-compbench: comma-separated categories (default all)")
     group.add_argument("--blip", help="t2i-compbench: the BLIP-VQA directory (Hugging Face layout)")
     group.add_argument("--depth", help="t2i-compbench: the DPT depth directory for 3d_spatial (Hugging Face layout)")
-    group.add_argument("--spacy", help="t2i-compbench: a spaCy pipeline name or directory, or 'rules' (default "
-                       "en_core_web_sm when installed, else rules)")
+    group.add_argument(
+        "--spacy", help="t2i-compbench: a spaCy pipeline name or directory, or 'rules' (default en_core_web_sm when installed, else rules)"
+    )
     group.add_argument("--weights", help="preference: the reward weights root (default $MARGRPO_WEIGHTS_DIR)")
-    group.add_argument("--reward-option", dest="reward_options", action="append", metavar="REWARD.OPTION=VALUE",
-                       help="preference: a reward's option, e.g. pickscore.processor_path=DIR (repeatable)")
+    group.add_argument(
+        "--reward-option",
+        dest="reward_options",
+        action="append",
+        metavar="REWARD.OPTION=VALUE",
+        help="preference: a reward's option, e.g. pickscore.processor_path=DIR (repeatable)",
+    )
     group.add_argument("--compare", help="preference: an earlier preference report (JSON) to set side by side")
     group.add_argument("--out", help="where to write the JSON report (default eval-<suite>.json)")
 
@@ -94,11 +98,16 @@ def run_suite(trainer, args: argparse.Namespace) -> SuiteReport:
         raise ConfigError(f"--samples-per-prompt: got {samples}, expected an integer >= 1")
     trainer.policy.eval()
     with trainer.ema.swapped_in() if run.eval_ema and trainer.ema is not None else contextlib.nullcontext():
-        _, images = generate_images(trainer.policy, trainer.sampler, trainer.config.rollout,
-                                    [r.prompt for r in records], samples, run.eval_seed)
+        _, images = generate_images(
+            trainer.policy, trainer.sampler, trainer.config.rollout, [r.prompt for r in records], samples, run.eval_seed
+        )
     report = suite.score(images, [r for r in records for _ in range(samples)])
-    report.settings = {"prompts": args.prompts or f"{args.suite} ({len(records)} generated)",
-                       "samples_per_prompt": samples, "seed": run.eval_seed, "step": trainer.step}
+    report.settings = {
+        "prompts": args.prompts or f"{args.suite} ({len(records)} generated)",
+        "samples_per_prompt": samples,
+        "seed": run.eval_seed,
+        "step": trainer.step,
+    }
     print(report.table())
     out = report.write(args.out or f"eval-{args.suite}.json")
     print(f"report: {Path(out)}")

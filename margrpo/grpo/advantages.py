@@ -1,4 +1,5 @@
 """Group-relative advantages: A = (r - mean_group) / (std + eps), and the variants GRPO papers use."""
+
 from __future__ import annotations
 
 from collections import defaultdict, deque
@@ -43,7 +44,7 @@ def group_advantages(
 def zero_variance_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """bool [B]: True for samples whose group has identical rewards (no learning signal)."""
     r = rewards.view(-1, group_size)
-    flat = (r.max(1).values == r.min(1).values)
+    flat = r.max(1).values == r.min(1).values
     return flat.repeat_interleave(group_size)
 
 
@@ -71,8 +72,12 @@ class PromptTracker:
         return out.to(rewards.dtype)
 
     def state_dict(self) -> dict:
-        return {"buffer_size": self.buffer_size, "min_count": self.min_count, "eps": self.eps,
-                "history": {k: list(v) for k, v in self.history.items()}}
+        return {
+            "buffer_size": self.buffer_size,
+            "min_count": self.min_count,
+            "eps": self.eps,
+            "history": {k: list(v) for k, v in self.history.items()},
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.buffer_size, self.min_count, self.eps = state["buffer_size"], state["min_count"], state["eps"]

@@ -1,5 +1,6 @@
 """The GRPO algorithm's configuration: the `grpo` section of a trainer config, read by
 margrpo.grpo.update (and by the trainer for what happens around the update)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

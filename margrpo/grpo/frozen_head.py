@@ -7,6 +7,7 @@ model's step (to 0.43x with a width-1024 head). `honours_frozen_head` wraps upda
 config.head "frozen" the head's parameters take no gradient and hold no .grad during the call, and
 get their requires_grad flags and gradients back afterwards.
 """
+
 from __future__ import annotations
 
 import functools

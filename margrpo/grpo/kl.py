@@ -13,6 +13,7 @@ reference) or "mean" (the NOVA reference's mean over latent elements). The per-c
 (gaussian, parity_mean_k3) reduce their channels that way; k3_logp receives log-probs the caller has
 already reduced.
 """
+
 from __future__ import annotations
 
 import torch
@@ -48,8 +49,7 @@ def parity_mean_k3(mean: torch.Tensor, ref_mean: torch.Tensor, channel_reduction
     return _reduce(torch.expm1(d) - d, channel_reduction)
 
 
-def kl_penalty(kind: str, *, mean=None, ref_mean=None, std=None, logp=None, ref_logp=None,
-               channel_reduction: str = "sum") -> torch.Tensor:
+def kl_penalty(kind: str, *, mean=None, ref_mean=None, std=None, logp=None, ref_logp=None, channel_reduction: str = "sum") -> torch.Tensor:
     """Dispatch by config name; returns a per-transition penalty with the shape of logp / mean[..., 0]."""
     if kind == "gaussian":
         return gaussian_kl(mean, ref_mean, std, channel_reduction)

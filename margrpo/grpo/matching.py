@@ -24,6 +24,7 @@ Layout: the estimator reads what every rollout records (tokens, order, reveal co
 mask steps); its values are [D, B, L_m(, C)] with L_m = sum_j n_j, the committed tokens of the
 recorded mask steps, step after step (`committed_columns`).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -69,8 +70,7 @@ class MatchingDraws:
         return MatchingDraws(self.times, self.noise, active)
 
 
-def train_times(sampler, shape: tuple[int, ...], generator: torch.Generator,
-                time_range: tuple[float, float] = (0.0, 1.0)) -> torch.Tensor:
+def train_times(sampler, shape: tuple[int, ...], generator: torch.Generator, time_range: tuple[float, float] = (0.0, 1.0)) -> torch.Tensor:
     """Training times as the head was trained, uniform over the fraction `time_range` of the training
     process (0 = clean): integer steps (DDPM) or sigmas (flow)."""
     low, high = time_range
@@ -80,8 +80,10 @@ def train_times(sampler, shape: tuple[int, ...], generator: torch.Generator,
         return torch.randint(first, min(stop, n), shape, generator=generator)
     if isinstance(sampler, FlowSDESampler):
         return low + (high - low) * torch.rand(shape, generator=generator, dtype=torch.float64)
-    raise TypeError(f"sampler: got {type(sampler).__name__}, expected a DDPMSampler or FlowSDESampler "
-                    "(the matching estimator needs the head's training-time forward process)")
+    raise TypeError(
+        f"sampler: got {type(sampler).__name__}, expected a DDPMSampler or FlowSDESampler "
+        "(the matching estimator needs the head's training-time forward process)"
+    )
 
 
 def _draw_seed(sample_seed: int) -> int:
@@ -100,8 +102,15 @@ def draw_matching(rollout: Rollout, num_draws: int, time_range: tuple[float, flo
     per_image = []
     for seed in rollout.seeds.tolist():
         generator = torch.Generator().manual_seed(_draw_seed(seed))
-        per_image.append([(train_times(rollout.sampler, (num_draws, n), generator, time_range),
-                           torch.randn(num_draws, n, C, generator=generator, dtype=torch.float64)) for n in counts])
+        per_image.append(
+            [
+                (
+                    train_times(rollout.sampler, (num_draws, n), generator, time_range),
+                    torch.randn(num_draws, n, C, generator=generator, dtype=torch.float64),
+                )
+                for n in counts
+            ]
+        )
     times = [torch.stack([image[j][0] for image in per_image], 1).to(device) for j in range(len(counts))]
     noise = [torch.stack([image[j][1] for image in per_image], 1).to(device, dtype) for j in range(len(counts))]
     return MatchingDraws(times, noise)
@@ -129,16 +138,19 @@ class MatchingValues:
     active: torch.Tensor
 
 
-def matching_values(model, rollout: Rollout, draws: MatchingDraws, *, cfg: str = "rollout",
-                    steps: Sequence[int] | None = None) -> MatchingValues:
+def matching_values(
+    model, rollout: Rollout, draws: MatchingDraws, *, cfg: str = "rollout", steps: Sequence[int] | None = None
+) -> MatchingValues:
     """The head's predictions on the forward-noised committed tokens of recorded mask steps `steps`
     (default all, in order) under `model`'s z, each token's z from the canvas its step was sampled from.
     cfg: "rollout" (the rollout's guidance) or "none" (conditional only)."""
     if cfg not in ("rollout", "none"):
         raise ValueError(f"cfg: got {cfg!r}, expected 'rollout' or 'none'")
     if rollout.config.known_mask != "pre_step":
-        raise ValueError("rollout: the matching estimator needs rollout.known_mask: pre_step (with the post-step "
-                         "mask the committed tokens are known to the forward that would score them)")
+        raise ValueError(
+            "rollout: the matching estimator needs rollout.known_mask: pre_step (with the post-step "
+            "mask the committed tokens are known to the forward that would score them)"
+        )
     M = rollout.plan.num_mask_steps
     steps = list(range(M)) if steps is None else list(steps)
     guided = rollout.config.uses_cfg and cfg == "rollout"
@@ -148,7 +160,7 @@ def matching_values(model, rollout: Rollout, draws: MatchingDraws, *, cfg: str =
     predictions, targets, actives = [], [], []
     for j in steps:
         n = rollout.step_revealed(j)
-        positions = rollout.order[:, rollout.step_start(j): rollout.step_start(j) + n]  # committed at step j
+        positions = rollout.order[:, rollout.step_start(j) : rollout.step_start(j) + n]  # committed at step j
         canvas, known = rollout.canvas_known(j)
         z = head_condition(forward_rows(model, rows, canvas, known, rollout.known_count(j)), rows, positions)
         x0 = rollout.tokens.gather(1, positions[..., None].expand(-1, -1, C)).reshape(B * n, C)
@@ -202,8 +214,9 @@ def matching_score(values: MatchingValues, channel_reduction: str = "sum") -> to
     return -0.5 * _mean_over_active(_reduce_channels(error, channel_reduction), values.active)
 
 
-def matching_kl(prediction: torch.Tensor, ref_prediction: torch.Tensor, active: torch.Tensor,
-                channel_reduction: str = "sum") -> torch.Tensor:
+def matching_kl(
+    prediction: torch.Tensor, ref_prediction: torch.Tensor, active: torch.Tensor, channel_reduction: str = "sum"
+) -> torch.Tensor:
     """KL(N(f, I) || N(f_ref, I)) averaged over each token's active draws: [D, b, l, C] -> [b, l]."""
     diff = (_acc(prediction) - _acc(ref_prediction)).pow(2)
     return 0.5 * _mean_over_active(_reduce_channels(diff, channel_reduction), active)
@@ -242,20 +255,25 @@ def prepare_matching(policy, reference_context, rollout: Rollout, config, batche
     if config.mte:  # more draws for the most uncertain tokens, at the uniform budget's cost
         base, extra = draw_counts(config.matching_draws, config.mte_ratio)
         draws = draw_matching(rollout, base + extra, tuple(config.matching_times))
-        uncertain = mte_mask(rollout.seed_tokens, config.mte_ratio, k_rule=config.mte_k,
-                             random_positions=config.mte_random_positions)[..., 0]  # [B, N]
+        uncertain = mte_mask(rollout.seed_tokens, config.mte_ratio, k_rule=config.mte_k, random_positions=config.mte_random_positions)[
+            ..., 0
+        ]  # [B, N]
         active, picked = [], []
         for j in range(rollout.plan.num_mask_steps):
             start = rollout.step_start(j)
-            picked.append(uncertain.gather(1, rollout.order[:, start:start + rollout.step_revealed(j)]))  # [B, n_j]
+            picked.append(uncertain.gather(1, rollout.order[:, start : start + rollout.step_revealed(j)]))  # [B, n_j]
             every = torch.ones(base, *picked[-1].shape, dtype=torch.bool, device=uncertain.device)
             active.append(torch.cat([every, picked[-1][None].expand(extra, -1, -1)]))
         draws = draws.with_active(active)
         uncertain_scored = torch.cat(picked, 1)
     else:
         draws = draw_matching(rollout, config.matching_draws, tuple(config.matching_times))
-    keep = torch.ones(rollout.batch_size, sum(rollout.step_revealed(j) for j in range(rollout.plan.num_mask_steps)),
-                      dtype=torch.bool, device=rollout.tokens.device)
+    keep = torch.ones(
+        rollout.batch_size,
+        sum(rollout.step_revealed(j) for j in range(rollout.plan.num_mask_steps)),
+        dtype=torch.bool,
+        device=rollout.tokens.device,
+    )
     if samples is not None:
         keep &= samples.to(keep.device)[:, None]
     dtype = rollout.tokens.dtype
@@ -263,8 +281,7 @@ def prepare_matching(policy, reference_context, rollout: Rollout, config, batche
     kl_weights = grouped_token_weights(torch.ones_like(keep), "token_mean", dtype)
     old = None
     if config.objective == "clip" and (len(batches) > 1 or config.inner_epochs > 1):
-        old = torch.zeros(keep.shape, dtype=torch.float64 if dtype == torch.float64 else torch.float32,
-                          device=keep.device)
+        old = torch.zeros(keep.shape, dtype=torch.float64 if dtype == torch.float64 else torch.float32, device=keep.device)
         with torch.no_grad():
             for minibatch in batches:
                 for images, steps in minibatch:
@@ -294,8 +311,9 @@ def _take(values: torch.Tensor, images: Sequence[int], cols, axis: int = 0) -> t
     return picked[(slice(None),) * (axis + 1) + (cols,)]
 
 
-def matching_chunk_loss(policy, rollout: Rollout, prepared: MatchingUpdate, advantages: torch.Tensor,
-                        images: Sequence[int], steps, config, scoring):
+def matching_chunk_loss(
+    policy, rollout: Rollout, prepared: MatchingUpdate, advantages: torch.Tensor, images: Sequence[int], steps, config, scoring
+):
     """The loss of one chunk (images x recorded mask steps) under the policy, with gradient."""
     values = scoring(policy, rollout.select(images), prepared.draws.select(images), steps)
     score = matching_score(values, config.channel_reduction)
@@ -305,14 +323,26 @@ def matching_chunk_loss(policy, rollout: Rollout, prepared: MatchingUpdate, adva
     else:
         old = _take(prepared.old_score, images, cols)
     rows = torch.tensor(list(images), dtype=torch.long, device=advantages.device)
-    out = ops.grpo_surrogate(score[None], old[None], advantages.index_select(0, rows),
-                             _take(prepared.weights, images, cols), clip_eps=config.clip_eps,
-                             clip_eps_high=config.clip_eps_high, aggregation="sum")
+    out = ops.grpo_surrogate(
+        score[None],
+        old[None],
+        advantages.index_select(0, rows),
+        _take(prepared.weights, images, cols),
+        clip_eps=config.clip_eps,
+        clip_eps_high=config.clip_eps_high,
+        aggregation="sum",
+    )
     kl = score.new_zeros(())
     if prepared.ref_prediction is not None:
         ref = _take(prepared.ref_prediction, images, cols, axis=1)
-        kl = (matching_kl(values.prediction, ref, values.active, config.channel_reduction)
-              * _take(prepared.kl_weights, images, cols)).sum()
+        kl = (matching_kl(values.prediction, ref, values.active, config.channel_reduction) * _take(prepared.kl_weights, images, cols)).sum()
     beta = config.kl_beta if prepared.ref_prediction is not None else 0.0
-    return ChunkLoss(out.loss + beta * kl, out.loss.detach(), kl.detach(), out.clip_fraction.detach(),
-                     out.approx_kl.detach(), out.ratio_mean.detach(), out.ratio_max.detach())
+    return ChunkLoss(
+        out.loss + beta * kl,
+        out.loss.detach(),
+        kl.detach(),
+        out.clip_fraction.detach(),
+        out.approx_kl.detach(),
+        out.ratio_mean.detach(),
+        out.ratio_max.detach(),
+    )

@@ -13,6 +13,7 @@ reduced the same way, so beta weighs the two terms alike under either. A pixel's
 to its token's (x P under "sum", / (C / P) channels under "mean"), so with every position kept
 the loss does not depend on P; P only changes which parts of a token the selection keeps.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,8 +35,7 @@ def position_logp(x_prev: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, p
     return ops.gaussian_logprob(x_prev, mean, std, reduce="sum", check_std=x_prev.device.type == "cpu")
 
 
-def grouped_token_weights(keep: torch.Tensor, aggregation: str, dtype: torch.dtype,
-                          groups: torch.Tensor | None = None) -> torch.Tensor:
+def grouped_token_weights(keep: torch.Tensor, aggregation: str, dtype: torch.dtype, groups: torch.Tensor | None = None) -> torch.Tensor:
     """ops.token_weights of keep [B, L] over the whole batch, or, with groups (int [B, L], one id per
     optimizer update), within every group separately (each group that keeps anything sums to 1)."""
     if groups is None:
@@ -98,18 +98,34 @@ def chunk_loss(
         logp, old_logp = logp * scale, old_logp * scale
     parts = [(logp, old_logp, weights, mte_mask)]
     if mte_mask is not None and not mte_include_rollout:
-        parts = [(logp[:1], old_logp[:1], weights * ~mte_mask, None),
-                 (logp[1:], old_logp[1:], weights * mte_mask, torch.ones_like(mte_mask))]
-    outs = [ops.grpo_surrogate(part_logp, part_old, advantages, part_weights, clip_eps=clip_eps,
-                               clip_eps_high=clip_eps_high, mte_mask=part_mte, aggregation="sum")
-            for part_logp, part_old, part_weights, part_mte in parts]
+        parts = [
+            (logp[:1], old_logp[:1], weights * ~mte_mask, None),
+            (logp[1:], old_logp[1:], weights * mte_mask, torch.ones_like(mte_mask)),
+        ]
+    outs = [
+        ops.grpo_surrogate(
+            part_logp,
+            part_old,
+            advantages,
+            part_weights,
+            clip_eps=clip_eps,
+            clip_eps_high=clip_eps_high,
+            mte_mask=part_mte,
+            aggregation="sum",
+        )
+        for part_logp, part_old, part_weights, part_mte in parts
+    ]
     policy = sum(out.loss for out in outs)
     kl = logp.new_zeros(())
     if kl_beta > 0:
         per_transition = kl_penalty(
-            kl_type, mean=None if mean is None else mean[0], ref_mean=None if ref_mean is None else ref_mean[0],
-            std=None if std is None else std[0], logp=token_logp[0],
-            ref_logp=None if ref_logp is None else ref_logp[0] * token_scale, channel_reduction=channel_reduction,
+            kl_type,
+            mean=None if mean is None else mean[0],
+            ref_mean=None if ref_mean is None else ref_mean[0],
+            std=None if std is None else std[0],
+            logp=token_logp[0],
+            ref_logp=None if ref_logp is None else ref_logp[0] * token_scale,
+            channel_reduction=channel_reduction,
         )
         kl = (per_transition * kl_weights).sum()
     shares = [sum(getattr(out, name).detach() for out in outs) for name in ("clip_fraction", "approx_kl", "ratio_mean")]

@@ -14,6 +14,7 @@ The trainer (margrpo.train), `margrpo bench step` and the GPU benchmarks all run
 reads no model code beyond the MARBackbone interface that margrpo.rollout.rollout_logprob uses, and
 talks to other ranks only through `Collectives` (one process by default).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -76,13 +77,20 @@ def token_selection(rollout: Rollout, config: GRPOConfig) -> tuple[torch.Tensor,
         per_step = torch.ones(B, M, N, P, dtype=torch.bool, device=keep.device)
         for j in range(M):
             if rollout.effective_index(j) >= config.consistency_start_step:
-                per_step[:, j] = consistency_keep(rollout.pred_clean_prev[:, j], rollout.pred_clean[:, j],
-                                                  rollout.tokens, rollout.committed(j), config.consistency_threshold, P)
+                per_step[:, j] = consistency_keep(
+                    rollout.pred_clean_prev[:, j],
+                    rollout.pred_clean[:, j],
+                    rollout.tokens,
+                    rollout.committed(j),
+                    config.consistency_threshold,
+                    P,
+                )
         keep = rollout.expand_to_l(per_step)
     mte = None
     if config.mte:
-        mte = rollout.expand_to_l(mte_mask(rollout.seed_tokens, config.mte_ratio, P, k_rule=config.mte_k,
-                                           random_positions=config.mte_random_positions))
+        mte = rollout.expand_to_l(
+            mte_mask(rollout.seed_tokens, config.mte_ratio, P, k_rule=config.mte_k, random_positions=config.mte_random_positions)
+        )
     return keep, mte
 
 
@@ -139,7 +147,7 @@ def minibatches(rollout: Rollout, config: GRPOConfig) -> list[list[tuple[list[in
     sizes differing by at most one."""
     B, M = rollout.batch_size, rollout.plan.num_mask_steps
     if config.minibatch_over == "mask_steps":
-        parts = [sorted(list(range(M))[i::config.minibatches]) for i in range(config.minibatches)]
+        parts = [sorted(list(range(M))[i :: config.minibatches]) for i in range(config.minibatches)]
         groups = [(list(range(B)), p) for p in parts if p]
     else:
         count = min(config.minibatches, B)  # ceil-sized runs would give fewer steps (B=9, m=4: 3)
@@ -150,11 +158,11 @@ def minibatches(rollout: Rollout, config: GRPOConfig) -> list[list[tuple[list[in
     for images, steps in groups:
         if config.micro_batch_over == "mask_steps":
             steps = list(range(M)) if steps is None else steps
-            parts = [sorted(steps[i::config.micro_batches]) for i in range(config.micro_batches)]
+            parts = [sorted(steps[i :: config.micro_batches]) for i in range(config.micro_batches)]
             out.append([(images, p) for p in parts if p])
         else:
             size = math.ceil(len(images) / config.micro_batches)
-            out.append([(images[i:i + size], steps) for i in range(0, len(images), size)])
+            out.append([(images[i : i + size], steps) for i in range(0, len(images), size)])
     return out
 
 
@@ -208,17 +216,27 @@ def _chunk_loss(policy, chunk: RolloutChunk, advantages, weights, mte, kl_weight
     kl_beta = config.kl_beta if chunk.ref_logp is not None else 0.0
     rows = torch.tensor(chunk.images, dtype=torch.long, device=advantages.device)
     return chunk_loss(
-        logp, old, advantages.index_select(0, rows), _take_positions(chunk, weights),
-        mte_mask=None if mte is None else _take_positions(chunk, mte), clip_eps=config.clip_eps,
-        clip_eps_high=config.clip_eps_high, kl_beta=kl_beta, kl_type=config.kl_type,
-        kl_weights=chunk.take(kl_weights), mean=lik.mean, std=std, ref_mean=chunk.ref_mean,
-        ref_logp=ref_logp, mte_include_rollout=config.mte_include_rollout,
-        channel_reduction=config.channel_reduction, pixels_per_token=config.pixels_per_token,
+        logp,
+        old,
+        advantages.index_select(0, rows),
+        _take_positions(chunk, weights),
+        mte_mask=None if mte is None else _take_positions(chunk, mte),
+        clip_eps=config.clip_eps,
+        clip_eps_high=config.clip_eps_high,
+        kl_beta=kl_beta,
+        kl_type=config.kl_type,
+        kl_weights=chunk.take(kl_weights),
+        mean=lik.mean,
+        std=std,
+        ref_mean=chunk.ref_mean,
+        ref_logp=ref_logp,
+        mte_include_rollout=config.mte_include_rollout,
+        channel_reduction=config.channel_reduction,
+        pixels_per_token=config.pixels_per_token,
     )
 
 
-def _transition_losses(policy, reference_context, rollout: Rollout, advantages, config: GRPOConfig, batches,
-                       samples, bf16: bool):
+def _transition_losses(policy, reference_context, rollout: Rollout, advantages, config: GRPOConfig, batches, samples, bf16: bool):
     """(loss of a chunk, selected fraction, MTE mask or None) of the transition estimator: token
     selection and weights, rescored old log-probs when needed, the reference's likelihood for the KL."""
     keep, mte = token_selection(rollout, config)
@@ -240,8 +258,7 @@ def _transition_losses(policy, reference_context, rollout: Rollout, advantages, 
     return loss_of, keep.float().mean().item(), mte
 
 
-def _matching_losses(policy, reference_context, rollout: Rollout, advantages, config: GRPOConfig, batches,
-                     samples, bf16: bool):
+def _matching_losses(policy, reference_context, rollout: Rollout, advantages, config: GRPOConfig, batches, samples, bf16: bool):
     """The same for the matching estimator (margrpo.grpo.matching): draws, weights, old scores when an
     optimizer step precedes a chunk's first evaluation, the reference's predictions for the KL."""
     device = rollout.tokens.device
@@ -259,9 +276,19 @@ def _matching_losses(policy, reference_context, rollout: Rollout, advantages, co
 
 
 @honours_frozen_head  # grpo.head: frozen holds whatever the caller set on the head
-def update(policy, reference, rollout: Rollout, advantages: torch.Tensor, config: GRPOConfig, optimizer, *,
-           grad_clip: float = 1.0, bf16: bool = False, collectives: Collectives | None = None,
-           samples: torch.Tensor | None = None) -> UpdateResult:
+def update(
+    policy,
+    reference,
+    rollout: Rollout,
+    advantages: torch.Tensor,
+    config: GRPOConfig,
+    optimizer,
+    *,
+    grad_clip: float = 1.0,
+    bf16: bool = False,
+    collectives: Collectives | None = None,
+    samples: torch.Tensor | None = None,
+) -> UpdateResult:
     """One GRPO update of `policy` (a MARBackbone whose trainable parameters `optimizer` steps) on
     `rollout` (margrpo.rollout.generate, by the policy in the mode it is in now) with advantages [B].
 
@@ -280,17 +307,23 @@ def update(policy, reference, rollout: Rollout, advantages: torch.Tensor, config
         raise ValueError(f"advantages: got shape {tuple(advantages.shape)}, expected ({B},), one per image of rollout")
     if not bool(torch.isfinite(advantages).all()):  # else a NaN loss, skipped without saying why
         bad = int((~torch.isfinite(advantages)).sum())
-        raise ValueError(f"advantages: got {bad} non-finite values of {B}, expected finite numbers (a NaN reward, or "
-                         "advantages of a group of one?)")
+        raise ValueError(
+            f"advantages: got {bad} non-finite values of {B}, expected finite numbers (a NaN reward, or advantages of a group of one?)"
+        )
     if config.kl_beta > 0 and reference is None:
-        raise ValueError(f"reference: got None with grpo.kl_beta={config.kl_beta}, expected the frozen reference "
-                         "policy (or set kl_beta to 0)")
-    if config.pixels_per_token > 1 and config.likelihood_std == "policy" \
-            and getattr(rollout.sampler, "variance_type", None) == "learned_range":
+        raise ValueError(
+            f"reference: got None with grpo.kl_beta={config.kl_beta}, expected the frozen reference policy (or set kl_beta to 0)"
+        )
+    if (
+        config.pixels_per_token > 1
+        and config.likelihood_std == "policy"
+        and getattr(rollout.sampler, "variance_type", None) == "learned_range"
+    ):
         raise ValueError(
             f"pixels_per_token: {config.pixels_per_token} rebuilds the log-probs from the recorded std, which a "
             "learned-range variance (this rollout's sampler) does not fix; set likelihood_std: recorded_main "
-            "or pixels_per_token: 1")
+            "or pixels_per_token: 1"
+        )
     if samples is not None and samples.shape != (B,):
         raise ValueError(f"samples: got shape {tuple(samples.shape)}, expected ({B},), one flag per image of rollout")
     batches = minibatches(rollout, config)
@@ -300,8 +333,7 @@ def update(policy, reference, rollout: Rollout, advantages: torch.Tensor, config
     if config.estimator == "matching":
         loss_of, selected, mte = _matching_losses(policy, context, rollout, advantages, config, batches, samples, bf16)
     else:
-        loss_of, selected, mte = _transition_losses(policy, context, rollout, advantages, config, batches, samples,
-                                                    bf16)
+        loss_of, selected, mte = _transition_losses(policy, context, rollout, advantages, config, batches, samples, bf16)
 
     sums = dict.fromkeys(STATS, 0.0)
     ratio_max, grad_norms = 1.0, []
@@ -326,9 +358,13 @@ def update(policy, reference, rollout: Rollout, advantages: torch.Tensor, config
             optimizer.step()
             grad_norms.append(norm.item())
     metrics = {key: collectives.mean(value / config.inner_epochs) for key, value in sums.items()}
-    metrics.update({
-        "ratio_max": ratio_max, "grad_norm": sum(grad_norms) / max(1, len(grad_norms)), "updates": len(grad_norms),
-        "selected_fraction": selected,
-        "mte_fraction": float("nan") if mte is None else mte.float().mean().item(),
-    })
+    metrics.update(
+        {
+            "ratio_max": ratio_max,
+            "grad_norm": sum(grad_norms) / max(1, len(grad_norms)),
+            "updates": len(grad_norms),
+            "selected_fraction": selected,
+            "mte_fraction": float("nan") if mte is None else mte.float().mean().item(),
+        }
+    )
     return UpdateResult(metrics)

@@ -6,6 +6,7 @@ A position is a token, or with pixels_per_token = P > 1 one of the P latent pixe
 innermost), so the selection can work per latent pixel as the NOVA reference code does. Masks come
 out as [B, N, P] (P = 1 for tokens).
 """
+
 from __future__ import annotations
 
 import torch

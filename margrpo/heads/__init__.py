@@ -14,6 +14,7 @@ Sampling and training:
   GraphedMultiSeed                                          the same, T-step loop in a CUDA graph
 Weights: load_head_state_dict, head_from_state_dict, reinit_zero_layers_ (tests).
 """
+
 from .adapt import ForwardHead, MARLayoutHead, adapt, has_mar_layout
 from .cfg import Guidance
 from .cuda_graph import GraphedMultiSeed
@@ -34,9 +35,31 @@ from .weights import head_from_state_dict, load_head_state_dict, reinit_zero_lay
 
 __all__ = [
     "transitions_logprob",
-    "DiffusionHead", "ForwardHead", "MARLayoutHead", "adapt", "has_mar_layout",
-    "Guidance", "GraphedMultiSeed", "Modulation", "MAR_SIZES", "SimpleMLPAdaLN", "mar_head", "MultiSeedSamples", "denoise_logprob",
-    "guided_output", "multi_seed_denoise", "run_chains", "CounterNoise", "counter_normal", "NOVA_SIZES", "DiffusionMLP",
-    "nova_head", "patchify", "unpatchify", "head_from_state_dict", "load_head_state_dict",
-    "reinit_zero_layers_", "strip_prefix",
+    "DiffusionHead",
+    "ForwardHead",
+    "MARLayoutHead",
+    "adapt",
+    "has_mar_layout",
+    "Guidance",
+    "GraphedMultiSeed",
+    "Modulation",
+    "MAR_SIZES",
+    "SimpleMLPAdaLN",
+    "mar_head",
+    "MultiSeedSamples",
+    "denoise_logprob",
+    "guided_output",
+    "multi_seed_denoise",
+    "run_chains",
+    "CounterNoise",
+    "counter_normal",
+    "NOVA_SIZES",
+    "DiffusionMLP",
+    "nova_head",
+    "patchify",
+    "unpatchify",
+    "head_from_state_dict",
+    "load_head_state_dict",
+    "reinit_zero_layers_",
+    "strip_prefix",
 ]

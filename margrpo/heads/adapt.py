@@ -21,6 +21,7 @@ probe: the module's own forward and the fast path, on a few random rows under ra
 must agree. Otherwise it warns and takes the generic path, which calls the module's forward and is
 therefore always right. `path="generic"` or `path="fast"` chooses without the probe.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -34,8 +35,15 @@ from .layers import Modulation
 from .mar_head import mar_denoise, mar_embed_condition, mar_modulation
 from .protocol import DiffusionHead
 
-MAR_LAYOUT = ("time_embed.mlp", "cond_embed", "input_proj", "res_blocks", "final_layer.norm_final",
-              "final_layer.linear", "final_layer.adaLN_modulation")
+MAR_LAYOUT = (
+    "time_embed.mlp",
+    "cond_embed",
+    "input_proj",
+    "res_blocks",
+    "final_layer.norm_final",
+    "final_layer.linear",
+    "final_layer.adaLN_modulation",
+)
 BLOCK_LAYOUT = ("in_ln", "mlp", "adaLN_modulation")
 PATHS = ("auto", "fast", "generic")
 PROBE_TIMES = (0.0, 1.0, 250.0, 999.0)  # diffusion times of the probe's rows, as the samplers give them
@@ -67,8 +75,10 @@ class MARLayoutHead(nn.Module):
     def __init__(self, module: nn.Module):
         super().__init__()
         if not has_mar_layout(module):
-            raise TypeError(f"module: {type(module).__name__} lacks SimpleMLPAdaLN's layout ({', '.join(MAR_LAYOUT)}, "
-                            f"res_blocks[i].{{{', '.join(BLOCK_LAYOUT)}}})")
+            raise TypeError(
+                f"module: {type(module).__name__} lacks SimpleMLPAdaLN's layout ({', '.join(MAR_LAYOUT)}, "
+                f"res_blocks[i].{{{', '.join(BLOCK_LAYOUT)}}})"
+            )
         self.module = module
 
     @property
@@ -141,8 +151,9 @@ class ForwardHead(nn.Module):
         rows_z = z.to(dtype).expand(*lead, z.shape[-1]).reshape(-1, z.shape[-1])
         out = self.module(rows_x, t.expand(lead).reshape(-1), rows_z)
         if out.shape != (rows_x.shape[0], self.out_channels):
-            raise ValueError(f"module output: got shape {tuple(out.shape)}, expected "
-                             f"[{rows_x.shape[0]}, {self.out_channels}] (out_channels)")
+            raise ValueError(
+                f"module output: got shape {tuple(out.shape)}, expected [{rows_x.shape[0]}, {self.out_channels}] (out_channels)"
+            )
         return out.reshape(*lead, self.out_channels)
 
     def forward(self, x: torch.Tensor, t, c: torch.Tensor) -> torch.Tensor:
@@ -196,9 +207,11 @@ def fast_path_mismatch(module: nn.Module) -> str | None:
         with torch.no_grad():
             own, fast = torch.func.functional_call(_Probe(module), weights, (x, t, c), strict=False)
     except Exception as err:
-        raise TypeError(f"adapt: {type(module).__name__}.forward(x [{PROBE_ROWS}, C], t [{PROBE_ROWS}], "
-                        f"c [{PROBE_ROWS}, Dz]) failed in the check of the fast path ({type(err).__name__}: {err}); "
-                        "pass path='fast' to skip the check or path='generic'") from err
+        raise TypeError(
+            f"adapt: {type(module).__name__}.forward(x [{PROBE_ROWS}, C], t [{PROBE_ROWS}], "
+            f"c [{PROBE_ROWS}, Dz]) failed in the check of the fast path ({type(err).__name__}: {err}); "
+            "pass path='fast' to skip the check or path='generic'"
+        ) from err
     if isinstance(fast, Exception):
         return f"the fast path cannot read its layers ({type(fast).__name__}: {fast})"
     if not isinstance(own, torch.Tensor) or own.shape != fast.shape:
@@ -207,13 +220,16 @@ def fast_path_mismatch(module: nn.Module) -> str | None:
     scale = float(own.double().abs().max()) + 1e-12
     error = float((own.double() - fast.double()).abs().max()) / scale
     if error > PROBE_TOLERANCE[dtype]:
-        return (f"its forward(x, t, c) differs from SimpleMLPAdaLN's maths (relative error {error:.1e} on random "
-                "weights: an overridden forward or another layer in the blocks)")
+        return (
+            f"its forward(x, t, c) differs from SimpleMLPAdaLN's maths (relative error {error:.1e} on random "
+            "weights: an overridden forward or another layer in the blocks)"
+        )
     return None
 
 
-def adapt(module: nn.Module, *, path: str = "auto", in_channels: int | None = None, out_channels: int | None = None,
-          z_channels: int | None = None) -> DiffusionHead:
+def adapt(
+    module: nn.Module, *, path: str = "auto", in_channels: int | None = None, out_channels: int | None = None, z_channels: int | None = None
+) -> DiffusionHead:
     """`module` as a DiffusionHead for multi_seed_denoise / denoise_logprob / the rollout.
 
     A margrpo head comes back unchanged. path:
@@ -239,9 +255,12 @@ def adapt(module: nn.Module, *, path: str = "auto", in_channels: int | None = No
         why = fast_path_mismatch(module)
         if why is None:
             return MARLayoutHead(module)
-        warnings.warn(f"adapt: {type(module).__name__} has SimpleMLPAdaLN's layer names but {why}; taking the "
-                      "generic forward(x, t, c) path (pass path='generic' to choose it without this check, or "
-                      "path='fast' to force the shared-modulation path)", stacklevel=2)
+        warnings.warn(
+            f"adapt: {type(module).__name__} has SimpleMLPAdaLN's layer names but {why}; taking the "
+            "generic forward(x, t, c) path (pass path='generic' to choose it without this check, or "
+            "path='fast' to force the shared-modulation path)",
+            stacklevel=2,
+        )
     if layout:  # sizes from the layers, unless given
         in_channels = in_channels if in_channels is not None else module.input_proj.in_features
         out_channels = out_channels if out_channels is not None else module.final_layer.linear.out_features
@@ -251,7 +270,8 @@ def adapt(module: nn.Module, *, path: str = "auto", in_channels: int | None = No
     z_channels = z_channels if z_channels is not None else getattr(module, "z_channels", None)
     missing = [n for n, v in (("in_channels", in_channels), ("z_channels", z_channels)) if v is None]
     if missing:
-        raise ValueError(f"adapt: {type(module).__name__} has no SimpleMLPAdaLN layout, so the generic "
-                         f"forward(x, t, c) path needs {' and '.join(missing)}: pass adapt(module, "
-                         + ", ".join(f"{n}=..." for n in missing) + ")")
+        raise ValueError(
+            f"adapt: {type(module).__name__} has no SimpleMLPAdaLN layout, so the generic "
+            f"forward(x, t, c) path needs {' and '.join(missing)}: pass adapt(module, " + ", ".join(f"{n}=..." for n in missing) + ")"
+        )
     return ForwardHead(module, in_channels, out_channels, z_channels)

@@ -7,6 +7,7 @@ channels only, the remaining learned-variance channels taken from the cond half 
 The scale may follow a schedule over the mask steps; the caller evaluates it (`scale_at`) and
 passes the scale for the current call (`at`), because the progress variable belongs to the rollout.
 """
+
 from __future__ import annotations
 
 import dataclasses

@@ -7,6 +7,7 @@ and captures one graph per (token count, dtype) on first use; later calls copy z
 the captured input buffers, replay and return copies of the outputs. The head's parameters are read
 at replay, so in-place weight updates are seen; replacing a parameter tensor is not.
 """
+
 from __future__ import annotations
 
 from dataclasses import fields
@@ -15,7 +16,12 @@ import torch
 
 from .cfg import Guidance
 from .multi_seed import (
-    MultiSeedSamples, _acc_dtype, _check_channels, _check_steps, _condition_rows, run_chains,
+    MultiSeedSamples,
+    _acc_dtype,
+    _check_channels,
+    _check_steps,
+    _condition_rows,
+    run_chains,
 )
 from .noise import resolve_noise
 
@@ -49,8 +55,16 @@ class GraphedMultiSeed:
     and the per-call part (`__call__(z, noise=None, generator=None)`).
     """
 
-    def __init__(self, head, sampler, num_seeds: int, cfg: Guidance | None = None, record_steps=(),
-                 temperature: float = 1.0, backend: str | None = None):
+    def __init__(
+        self,
+        head,
+        sampler,
+        num_seeds: int,
+        cfg: Guidance | None = None,
+        record_steps=(),
+        temperature: float = 1.0,
+        backend: str | None = None,
+    ):
         if isinstance(num_seeds, bool) or not isinstance(num_seeds, int) or num_seeds < 0:
             raise ValueError(f"num_seeds: got {num_seeds!r}, expected an int >= 0")
         _check_channels(head, sampler)
@@ -67,9 +81,9 @@ class GraphedMultiSeed:
         eps = resolve_noise(noise, generator, shape, _acc_dtype(z), z.device)
         key = (tuple(rows.shape), rows.dtype, rows.device)
         if key not in self._graphs:
+
             def run(static_rows, static_eps):
-                return run_chains(self.head, static_rows, self.sampler, static_eps, self.steps,
-                                  self.cfg, self.temperature, self.backend)
+                return run_chains(self.head, static_rows, self.sampler, static_eps, self.steps, self.cfg, self.temperature, self.backend)
 
             with torch.no_grad():
                 self._graphs[key] = _Captured(run, rows, eps)

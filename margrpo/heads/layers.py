@@ -6,6 +6,7 @@ The fused primitives have a torch path (the reference; it carries autograd) and 
 (margrpo.kernels.adaln, forward only). The Triton path is taken only with grad mode off, on CUDA
 tensors, or on CPU tensors under TRITON_INTERPRET=1 when the triton backend is selected explicitly.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -83,8 +84,7 @@ def resolve_backend(device: torch.device, backend: str | None = None) -> str:
         return "torch"
     if choice == "triton":
         if not _triton_runs_on(device):
-            raise RuntimeError(f"backend: 'triton' cannot run on {device.type} tensors here "
-                               "(needs CUDA, or TRITON_INTERPRET=1 on CPU)")
+            raise RuntimeError(f"backend: 'triton' cannot run on {device.type} tensors here (needs CUDA, or TRITON_INTERPRET=1 on CPU)")
         return "triton"
     return "triton" if device.type == "cuda" and _triton_runs_on(device) else "torch"
 
@@ -127,8 +127,11 @@ def gate_residual(residual, h, gate, weight, bias, eps: float, backend: str) -> 
     """
     if _use_kernels(backend, residual, h, gate):  # forward only: in place whenever the shapes allow
         return _adaln_kernels().gate_residual(residual, h, gate, weight, bias, eps, in_place=True)
-    in_place = (not torch.is_grad_enabled() and residual.is_contiguous()
-                and residual.shape == broadcast_shape(residual=residual.shape, h=h.shape, gate=gate.shape))
+    in_place = (
+        not torch.is_grad_enabled()
+        and residual.is_contiguous()
+        and residual.shape == broadcast_shape(residual=residual.shape, h=h.shape, gate=gate.shape)
+    )
     if weight is not None:
         h = F.layer_norm(h, h.shape[-1:], weight, bias, eps)
     return residual.addcmul_(gate, h) if in_place else torch.addcmul(residual, gate, h)

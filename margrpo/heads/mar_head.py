@@ -12,6 +12,7 @@ parameter names are kept so the official state dicts load unchanged):
   out = Linear_{W->out}(LN(h) * (1 + scale) + shift)             final_layer.{norm_final, linear}
 out = 2C with learned variance (learn_sigma: eps then the variance interpolation channels).
 """
+
 from __future__ import annotations
 
 import torch
@@ -35,9 +36,7 @@ class TimestepEmbedder(nn.Module):
 
     def __init__(self, hidden_size: int, frequency_embedding_size: int = layers.FREQUENCY_EMBEDDING_SIZE):
         super().__init__()
-        self.mlp = nn.Sequential(
-            nn.Linear(frequency_embedding_size, hidden_size), nn.SiLU(), nn.Linear(hidden_size, hidden_size)
-        )
+        self.mlp = nn.Sequential(nn.Linear(frequency_embedding_size, hidden_size), nn.SiLU(), nn.Linear(hidden_size, hidden_size))
         self.frequency_embedding_size = frequency_embedding_size
 
     def forward(self, t: torch.Tensor) -> torch.Tensor:
@@ -113,8 +112,7 @@ class SimpleMLPAdaLN(nn.Module):
 
     def zero_init_layers(self) -> list[nn.Linear]:
         """The layers the adaLN-Zero init sets to zero."""
-        return [b.adaLN_modulation[-1] for b in self.res_blocks] + [
-            self.final_layer.adaLN_modulation[-1], self.final_layer.linear]
+        return [b.adaLN_modulation[-1] for b in self.res_blocks] + [self.final_layer.adaLN_modulation[-1], self.final_layer.linear]
 
     # ------------------------------------------------------------------ split path
     def embed_condition(self, z: torch.Tensor) -> torch.Tensor:
@@ -175,8 +173,7 @@ def mar_embed_condition(layout: nn.Module, z: torch.Tensor) -> torch.Tensor:
 def mar_modulation(layout: nn.Module, cond: torch.Tensor, t) -> Modulation:
     """Every block's (shift, scale, gate) and the final (shift, scale) for cond at diffusion time t."""
     time_mlp = layout.time_embed.mlp
-    embedded = layers.timestep_embedding(layers.as_time_tensor(t, cond.device), time_mlp[0].in_features,
-                                         time_mlp[0].weight.dtype)
+    embedded = layers.timestep_embedding(layers.as_time_tensor(t, cond.device), time_mlp[0].in_features, time_mlp[0].weight.dtype)
     # a scalar t embeds to [W] and broadcasts over every token
     y = F.silu(cond + time_mlp(embedded))
     blocks = [tuple(b.adaLN_modulation[-1](y).chunk(3, dim=-1)) for b in layout.res_blocks]

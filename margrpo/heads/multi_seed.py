@@ -8,6 +8,7 @@ step-independent part of the condition (the z projection) is computed once for a
 
 Samplers follow docs/CONTRACTS.md (num_steps, model_time(i), out_channels(C), step(), logprob()).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -73,12 +74,12 @@ def _check_steps(record_steps, num_steps: int) -> tuple[int, ...]:
 def _check_channels(head, sampler) -> None:
     expected = sampler.out_channels(head.in_channels)
     if expected != head.out_channels:
-        raise ValueError(f"sampler: needs {expected} head output channels for C={head.in_channels}, "
-                         f"but the head outputs {head.out_channels}")
+        raise ValueError(
+            f"sampler: needs {expected} head output channels for C={head.in_channels}, but the head outputs {head.out_channels}"
+        )
 
 
-def guided_output(head, modulation: layers.Modulation, x: torch.Tensor, cfg: Guidance | None,
-                  backend: str | None = None) -> torch.Tensor:
+def guided_output(head, modulation: layers.Modulation, x: torch.Tensor, cfg: Guidance | None, backend: str | None = None) -> torch.Tensor:
     """Head output for x [*L, N, C] under `modulation` ([N, W], or [..., 2, N, W] with CFG; both CFG
     halves read the same x), guided when cfg is given -> [*L, N, out]."""
     if cfg is None:
@@ -135,8 +136,16 @@ def step_times(sampler, steps, device: torch.device) -> torch.Tensor:
     return torch.stack([table[i] for i in steps])
 
 
-def run_chains(head, rows: torch.Tensor, sampler, eps: torch.Tensor, steps: tuple[int, ...],
-               cfg: Guidance | None, temperature: float, backend: str | None) -> MultiSeedSamples:
+def run_chains(
+    head,
+    rows: torch.Tensor,
+    sampler,
+    eps: torch.Tensor,
+    steps: tuple[int, ...],
+    cfg: Guidance | None,
+    temperature: float,
+    backend: str | None,
+) -> MultiSeedSamples:
     """The batched T-step loop of multi_seed_denoise on validated inputs: rows = z as [N, Dz] or
     [2, N, Dz], eps [T+1, K+1, N, C] in the trajectory dtype. Nothing in the loop waits for the
     device: the head times are views of the sampler's device table."""
@@ -155,8 +164,7 @@ def run_chains(head, rows: torch.Tensor, sampler, eps: torch.Tensor, steps: tupl
                 recorded[name].append(value)
         x = step.x_prev
     full = tuple(eps.shape[1:])
-    stacked = {name: _stack(values, full[:-1] if name == "logp" else full, acc, x.device)
-               for name, values in recorded.items()}
+    stacked = {name: _stack(values, full[:-1] if name == "logp" else full, acc, x.device) for name, values in recorded.items()}
     return MultiSeedSamples(x0=x, steps=steps, **stacked)
 
 
@@ -178,8 +186,18 @@ def denoise_logprob(
 ):
     """Log-probs [R, K+1, N] of the recorded transitions of `record` (multi_seed_denoise's result)
     under a new z (training recomputation): transitions_logprob on its steps, x_t and x_prev."""
-    return transitions_logprob(head, z, sampler, record.steps, record.x_t, record.x_prev, cfg=cfg,
-                               temperature=temperature, backend=backend, return_mean=return_mean)
+    return transitions_logprob(
+        head,
+        z,
+        sampler,
+        record.steps,
+        record.x_t,
+        record.x_prev,
+        cfg=cfg,
+        temperature=temperature,
+        backend=backend,
+        return_mean=return_mean,
+    )
 
 
 def transitions_logprob(

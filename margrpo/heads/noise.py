@@ -8,6 +8,7 @@ Three sources: an explicit tensor, a torch.Generator (torch.randn in that layout
 `CounterNoise`: every value is a pure function of (seed, image, token, trajectory, step, channel),
 so a token's chain is the same whichever other tokens share the batch, on any device.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,8 +41,9 @@ def _unit_uniform(h: torch.Tensor) -> torch.Tensor:
     return (h.to(torch.float64) + 0.5) / 4294967296.0
 
 
-def counter_normal(seed: int, image: torch.Tensor, token: torch.Tensor, trajectory: torch.Tensor,
-                   step: torch.Tensor, channel: torch.Tensor) -> torch.Tensor:
+def counter_normal(
+    seed: int, image: torch.Tensor, token: torch.Tensor, trajectory: torch.Tensor, step: torch.Tensor, channel: torch.Tensor
+) -> torch.Tensor:
     """Standard normal float64 values, a pure function of the integer keys (broadcast together).
 
     Each key is an int64 tensor of values in [0, 2^32); seed is any non-negative int < 2^64.
@@ -72,8 +74,9 @@ class CounterNoise:
 
     def __post_init__(self):
         if self.image.dim() != 1 or self.image.shape != self.token.shape:
-            raise ValueError(f"image/token: got shapes {tuple(self.image.shape)} and {tuple(self.token.shape)}, "
-                             "expected two int64 vectors of length N")
+            raise ValueError(
+                f"image/token: got shapes {tuple(self.image.shape)} and {tuple(self.token.shape)}, expected two int64 vectors of length N"
+            )
 
     def sample(self, num_steps: int, num_trajectories: int, channels: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """[num_steps + 1, num_trajectories, N, channels] of the layout above, on image's device."""
@@ -86,8 +89,9 @@ class CounterNoise:
         return counter_normal(self.seed, image, token, trajectory, step, channel).to(dtype)
 
 
-def resolve_noise(noise, generator: torch.Generator | None, shape: tuple[int, int, int, int],
-                  dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def resolve_noise(
+    noise, generator: torch.Generator | None, shape: tuple[int, int, int, int], dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
     """The noise tensor of `shape` = (T + 1, K + 1, N, C) from a tensor, a CounterNoise or a generator."""
     if isinstance(noise, CounterNoise):
         if noise.image.shape[0] != shape[2]:
@@ -95,8 +99,10 @@ def resolve_noise(noise, generator: torch.Generator | None, shape: tuple[int, in
         return noise.sample(shape[0] - 1, shape[1], shape[3], dtype).to(device)
     if isinstance(noise, torch.Tensor):
         if tuple(noise.shape) != shape:
-            raise ValueError(f"noise: got shape {tuple(noise.shape)}, expected {shape} = [T + 1, K + 1, N, C] "
-                             "(index 0: initial x_T, index i + 1: noise of diffusion step i)")
+            raise ValueError(
+                f"noise: got shape {tuple(noise.shape)}, expected {shape} = [T + 1, K + 1, N, C] "
+                "(index 0: initial x_T, index i + 1: noise of diffusion step i)"
+            )
         return noise.to(device=device, dtype=dtype)
     if noise is not None:
         raise TypeError(f"noise: got {type(noise).__name__}, expected None, a tensor or a CounterNoise")

@@ -14,6 +14,7 @@ Tokens: the head works on patch tokens of C = p*p*image_dim channels in NOVA's p
 (p_h, p_w, channel); the 2x2 conv is then exactly a Linear with the conv kernel permuted, so the
 official weights load as they are and are applied to tokens (`patchify` / `unpatchify` convert).
 """
+
 from __future__ import annotations
 
 import torch
@@ -188,8 +189,10 @@ def unpatchify(tokens: torch.Tensor, height: int, width: int, patch_size: int) -
     p = patch_size
     c = channels // (p * p)
     if n != (height // p) * (width // p) or c * p * p != channels:
-        raise ValueError(f"tokens: got shape {tuple(tokens.shape)}, expected [B, {(height // p) * (width // p)}, "
-                         f"p*p*c] for a {height}x{width} image with patch_size={p}")
+        raise ValueError(
+            f"tokens: got shape {tuple(tokens.shape)}, expected [B, {(height // p) * (width // p)}, "
+            f"p*p*c] for a {height}x{width} image with patch_size={p}"
+        )
     x = tokens.reshape(b, height // p, width // p, p, p, c).permute(0, 5, 1, 3, 2, 4)
     return x.reshape(b, c, height, width)
 

@@ -13,6 +13,7 @@ used for training is also an nn.Module (the trainer freezes it or gives it an op
 margrpo's SimpleMLPAdaLN and DiffusionMLP implement it; margrpo.heads.adapt wraps another
 codebase's head module into it.
 """
+
 from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable

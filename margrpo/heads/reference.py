@@ -4,6 +4,7 @@ One chain per trajectory, one official head call per (trajectory, step) with the
 recomputed inside it, CFG by duplicating x over the [cond; uncond] rows, a plain sampler loop.
 Slow by design: tests compare the fused path with it, benchmarks time against it.
 """
+
 from __future__ import annotations
 
 import torch
@@ -23,8 +24,16 @@ def _official_output(head, x: torch.Tensor, t, z: torch.Tensor, cfg: Guidance | 
     return cfg.combine(out[:tokens], out[tokens:], head.in_channels)
 
 
-def eager_multi_seed_denoise(head, z: torch.Tensor, sampler, num_seeds: int, noise: torch.Tensor,
-                             cfg: Guidance | None = None, record_steps=(), temperature: float = 1.0) -> MultiSeedSamples:
+def eager_multi_seed_denoise(
+    head,
+    z: torch.Tensor,
+    sampler,
+    num_seeds: int,
+    noise: torch.Tensor,
+    cfg: Guidance | None = None,
+    record_steps=(),
+    temperature: float = 1.0,
+) -> MultiSeedSamples:
     """Same contract as multi_seed_denoise with an explicit noise [T+1, K+1, N, C]."""
     acc = _acc_dtype(z)
     steps = _check_steps(record_steps, sampler.num_steps)
@@ -52,8 +61,9 @@ def eager_multi_seed_denoise(head, z: torch.Tensor, sampler, num_seeds: int, noi
     return MultiSeedSamples(torch.stack(finals), steps, *fields)
 
 
-def eager_denoise_logprob(head, z: torch.Tensor, sampler, record: MultiSeedSamples,
-                          cfg: Guidance | None = None, temperature: float = 1.0) -> torch.Tensor:
+def eager_denoise_logprob(
+    head, z: torch.Tensor, sampler, record: MultiSeedSamples, cfg: Guidance | None = None, temperature: float = 1.0
+) -> torch.Tensor:
     """Same contract as denoise_logprob: a loop over recorded steps and trajectories, with grad to z."""
     acc = _acc_dtype(z)
     rows = []

@@ -1,4 +1,5 @@
 """Loading official head weights, building a head from a checkpoint's shapes, and test re-init."""
+
 from __future__ import annotations
 
 import torch
@@ -13,7 +14,7 @@ def strip_prefix(state_dict: dict[str, torch.Tensor], prefix: str) -> dict[str, 
     NOVA's transformer), with the prefix removed; all entries when prefix is ""."""
     if not prefix:
         return dict(state_dict)
-    return {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+    return {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
 
 
 def load_head_state_dict(head: nn.Module, state_dict: dict[str, torch.Tensor], prefix: str = "") -> None:
@@ -25,10 +26,8 @@ def load_head_state_dict(head: nn.Module, state_dict: dict[str, torch.Tensor], p
     missing = sorted(set(expected) - set(weights))
     unexpected = sorted(set(weights) - set(expected))
     if missing or unexpected:
-        raise KeyError(f"state_dict for {type(head).__name__} (prefix {prefix!r}): missing keys {missing}; "
-                       f"unexpected keys {unexpected}")
-    wrong = [f"{k}: got {tuple(weights[k].shape)}, expected {tuple(v.shape)}"
-             for k, v in expected.items() if weights[k].shape != v.shape]
+        raise KeyError(f"state_dict for {type(head).__name__} (prefix {prefix!r}): missing keys {missing}; unexpected keys {unexpected}")
+    wrong = [f"{k}: got {tuple(weights[k].shape)}, expected {tuple(v.shape)}" for k, v in expected.items() if weights[k].shape != v.shape]
     if wrong:
         raise ValueError(f"state_dict for {type(head).__name__}: shape mismatches: {'; '.join(wrong)}")
     head.load_state_dict(weights, strict=True)
@@ -42,16 +41,19 @@ def head_from_state_dict(state_dict: dict[str, torch.Tensor], prefix: str = "") 
     if "input_proj.weight" in weights:
         width, in_channels = weights["input_proj.weight"].shape
         depth = len({k.split(".")[1] for k in weights if k.startswith("res_blocks.")})
-        head = SimpleMLPAdaLN(in_channels, width, weights["final_layer.linear.weight"].shape[0],
-                              weights["cond_embed.weight"].shape[1], depth)
+        head = SimpleMLPAdaLN(
+            in_channels, width, weights["final_layer.linear.weight"].shape[0], weights["cond_embed.weight"].shape[1], depth
+        )
     elif "patch_embed.proj.weight" in weights:
         width, image_dim, patch, _ = weights["patch_embed.proj.weight"].shape
         depth = len({k.split(".")[1] for k in weights if k.startswith("blocks.")})
         cond_dim = weights["time_cond_embed.condition_proj.fc1.weight"].shape[1]
         head = DiffusionMLP(depth, width, cond_dim, patch, image_dim)
     else:
-        raise KeyError(f"state_dict (prefix {prefix!r}): found neither 'input_proj.weight' (MAR/Harmon head) nor "
-                       f"'patch_embed.proj.weight' (NOVA head); first keys: {sorted(weights)[:5]}")
+        raise KeyError(
+            f"state_dict (prefix {prefix!r}): found neither 'input_proj.weight' (MAR/Harmon head) nor "
+            f"'patch_embed.proj.weight' (NOVA head); first keys: {sorted(weights)[:5]}"
+        )
     head = head.to(next(iter(weights.values())).dtype)
     load_head_state_dict(head, weights)
     return head

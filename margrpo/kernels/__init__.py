@@ -10,6 +10,7 @@ the checkout root it would otherwise import as ``kernels`` and shadow the PyPI p
 that transformers and peft import. A wheel (setup.py) copies them here; in the checkout (editable
 install) this package's path reaches into that folder instead.
 """
+
 import os
 
 _here = os.path.dirname(os.path.abspath(__file__))

@@ -6,6 +6,7 @@ section and the registry that loads it.
     BackboneConfig, load_backbone      load the backbone a config's `backbone:` section names
     register_backbone, available_backbones   add a family of your own / list the registered names
 """
+
 from __future__ import annotations
 
 from .base import MARBackbone, PromptBatch
@@ -13,5 +14,16 @@ from .config import BackboneConfig, check_no_model_section
 from .registry import available_backbones, backbone_loader, load_backbone, register_backbone, resolve_device
 from .tiny import TinyMAR, TinyMARConfig
 
-__all__ = ["BackboneConfig", "MARBackbone", "PromptBatch", "TinyMAR", "TinyMARConfig", "available_backbones",
-           "backbone_loader", "check_no_model_section", "load_backbone", "register_backbone", "resolve_device"]
+__all__ = [
+    "BackboneConfig",
+    "MARBackbone",
+    "PromptBatch",
+    "TinyMAR",
+    "TinyMARConfig",
+    "available_backbones",
+    "backbone_loader",
+    "check_no_model_section",
+    "load_backbone",
+    "register_backbone",
+    "resolve_device",
+]

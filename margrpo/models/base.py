@@ -5,6 +5,7 @@ token position; its diffusion head (margrpo.heads) turns z into token values. Th
 the mask schedule, order, CFG and recording; the backbone owns text encoding, the transformer and
 decoding tokens to pixels.
 """
+
 from __future__ import annotations
 
 import weakref
@@ -65,8 +66,7 @@ class MARBackbone(Protocol):
     def negative_prompt(self) -> str:
         """The unconditional prompt used for CFG ("" for NOVA, "Generate an image." for Harmon)."""
 
-    def forward_z(self, prompts: PromptBatch, canvas: torch.Tensor, known: torch.Tensor,
-                  known_count: int | None = None) -> torch.Tensor:
+    def forward_z(self, prompts: PromptBatch, canvas: torch.Tensor, known: torch.Tensor, known_count: int | None = None) -> torch.Tensor:
         """canvas [B, N, C] (values at known positions; anything elsewhere), known bool [B, N]
         -> z [B, N, Dz], the head's condition for every position.
 
@@ -106,9 +106,12 @@ def check_backbone(backbone, argument: str = "backbone"):
     if not problems:
         problems = [f"head.{p}" for p in protocol_mismatches(backbone.head, DiffusionHead)]
     if problems:
-        raise TypeError(f"{argument}: {type(backbone).__name__} does not implement margrpo.models.MARBackbone: "
-                        + "; ".join(problems) + " (docs/USING.md, 'Your transformer as a MARBackbone'; a head from "
-                        "another codebase: margrpo.heads.adapt)")
+        raise TypeError(
+            f"{argument}: {type(backbone).__name__} does not implement margrpo.models.MARBackbone: "
+            + "; ".join(problems)
+            + " (docs/USING.md, 'Your transformer as a MARBackbone'; a head from "
+            "another codebase: margrpo.heads.adapt)"
+        )
     try:
         _CONFORMING.add(backbone)
     except TypeError:

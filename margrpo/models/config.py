@@ -4,6 +4,7 @@ evaluation and pretraining all read it (margrpo.models.registry.load_backbone lo
 An earlier layout had a second section, `model:` (kind, path, arch), for sampling and pretraining;
 `check_no_model_section` turns it into an error that names the new keys.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -10,6 +10,7 @@ A directory is written into a temporary sibling and renamed into place, so a cra
 half-written model under the final name; a non-empty target is replaced only when asked (force), and
 the checkpoints shipped inside the package never.
 """
+
 from __future__ import annotations
 
 import json
@@ -62,8 +63,9 @@ def family_of(model: nn.Module) -> str:
             return family
     if module == "margrpo.models.tiny":
         return "tiny"
-    raise TypeError(f"model: a {type(model).__name__} from {module} is not a built-in backbone (tiny, nova, harmon); "
-                    "save it with its own code")
+    raise TypeError(
+        f"model: a {type(model).__name__} from {module} is not a built-in backbone (tiny, nova, harmon); save it with its own code"
+    )
 
 
 def save_backbone(model: nn.Module, path: str | Path) -> Path:
@@ -89,13 +91,13 @@ def check_output_dir(path: str | Path, force: bool = False) -> Path:
     path = Path(path)
     target = path.resolve()
     if target == BUILTIN_DIR or BUILTIN_DIR in target.parents:
-        raise FileExistsError(f"{path}: is inside the package's shipped checkpoints ({BUILTIN_DIR}), which are never "
-                              "overwritten; write to another directory")
+        raise FileExistsError(
+            f"{path}: is inside the package's shipped checkpoints ({BUILTIN_DIR}), which are never overwritten; write to another directory"
+        )
     if path.exists() and not path.is_dir():
         raise FileExistsError(f"{path}: exists and is not a directory; expected a new or empty directory")
     if not force and path.is_dir() and any(path.iterdir()):
-        raise FileExistsError(f"{path}: directory is not empty; pass --force to replace its contents, or choose a "
-                              "new directory")
+        raise FileExistsError(f"{path}: directory is not empty; pass --force to replace its contents, or choose a new directory")
     return path
 
 

@@ -12,6 +12,7 @@ The real-size ones are large (nova-0.6b-random ~2.5 GB with its SD VAE, harmon-1
 float32); the tiny ones take a second. A random model generates noise: it is for trying the
 pipeline (and measuring it), not for images.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,8 +65,10 @@ def init_model(name: str, out, seed: int = 0, dtype: str = "float32", force: boo
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="margrpo init-model", description="Write a random-init backbone in its family's official layout.",
-        epilog="presets: " + ", ".join(f"{name} ({family})" for name, family in PRESETS.items()))
+        prog="margrpo init-model",
+        description="Write a random-init backbone in its family's official layout.",
+        epilog="presets: " + ", ".join(f"{name} ({family})" for name, family in PRESETS.items()),
+    )
     parser.add_argument("preset", metavar="PRESET", help=f"one of: {', '.join(PRESETS)}")
     parser.add_argument("out", metavar="OUT_DIR", help="directory to write (new or empty, or any with --force)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random init (default 0)")
@@ -77,6 +80,5 @@ def main(argv: list[str] | None = None) -> int:
     except FileExistsError as err:
         raise ConfigError(f"OUT_DIR: {err}") from err
     family = PRESETS[args.preset]
-    print(f"wrote {args.preset} (random init, seed {args.seed}) to {out}; load it with "
-          f"backbone.name={family} backbone.checkpoint={out}")
+    print(f"wrote {args.preset} (random init, seed {args.seed}) to {out}; load it with backbone.name={family} backbone.checkpoint={out}")
     return 0

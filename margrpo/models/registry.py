@@ -6,6 +6,7 @@ A loader is `loader(checkpoint: Path, *, device, dtype, **options) -> MARBackbon
 The built-in families are registered by import path, so importing margrpo.models does not import
 transformers or diffusers; `register_backbone` adds one of your own.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -61,7 +62,7 @@ def backbone_loader(name: str) -> Loader:
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
-    """"auto" -> cuda when a GPU is visible, else cpu; anything else as torch.device."""
+    """ "auto" -> cuda when a GPU is visible, else cpu; anything else as torch.device."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
@@ -77,8 +78,10 @@ def check_options(name: str, loader: Loader, options: dict) -> None:
     accepted = [n for n in accepted if n not in ("device", "dtype")]
     unknown = sorted(set(options) - set(accepted))
     if unknown:
-        raise ConfigError(f"backbone.options: got unknown option(s) {', '.join(unknown)} for backbone {name!r}, "
-                          f"expected some of: {', '.join(accepted) or '(none)'}")
+        raise ConfigError(
+            f"backbone.options: got unknown option(s) {', '.join(unknown)} for backbone {name!r}, "
+            f"expected some of: {', '.join(accepted) or '(none)'}"
+        )
 
 
 def load_backbone(config: BackboneConfig, device: str | torch.device = "cpu") -> MARBackbone:
@@ -95,7 +98,8 @@ def load_backbone(config: BackboneConfig, device: str | torch.device = "cpu") ->
         raise ConfigFileNotFoundError(
             f"backbone.checkpoint: {checkpoint} is a training run or run checkpoint (trained tensors only), not a "
             f"model directory; write the trained model out with `margrpo export {checkpoint} OUT_DIR` and use "
-            "backbone.checkpoint=OUT_DIR (margrpo sample and eval take it directly as --checkpoint)")
+            "backbone.checkpoint=OUT_DIR (margrpo sample and eval take it directly as --checkpoint)"
+        )
     dtype = getattr(torch, config.dtype)
     try:
         backbone = loader(checkpoint, device=resolve_device(device), dtype=dtype, **config.options)

@@ -13,6 +13,7 @@ The tokenizer is word level over the ShapesWorld vocabulary plus the negative pr
 (used for classifier-free guidance and prompt dropout in pretraining). Checkpoints are a directory
 with model.safetensors and config.json (TinyMARConfig); TinyMAR.load checks every key and shape.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -54,8 +55,17 @@ class TinyMARConfig:
     relative_position_bias: bool = False  # learned 2D relative attention bias between image tokens
 
     def __post_init__(self) -> None:
-        positive = ("image_size", "patch_size", "width", "depth", "num_heads", "max_prompt_words",
-                    "head_width", "head_depth", "diffusion_steps")
+        positive = (
+            "image_size",
+            "patch_size",
+            "width",
+            "depth",
+            "num_heads",
+            "max_prompt_words",
+            "head_width",
+            "head_depth",
+            "diffusion_steps",
+        )
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -192,22 +202,18 @@ class TinyMAR(nn.Module):
         super().__init__()
         self.config = config = config or TinyMARConfig()
         self.num_tokens, self.token_channels = config.num_tokens, config.token_channels
-        self.tokenizer = WordTokenizer(tuple(dict.fromkeys([*VOCABULARY, *NEGATIVE_PROMPT.split()])),
-                                       config.max_prompt_words)
+        self.tokenizer = WordTokenizer(tuple(dict.fromkeys([*VOCABULARY, *NEGATIVE_PROMPT.split()])), config.max_prompt_words)
         self.word_embed = nn.Embedding(len(self.tokenizer), config.width)
         self.prompt_pos = nn.Parameter(torch.zeros(config.max_prompt_words, config.width))
         self.token_embed = nn.Linear(self.token_channels, config.width)
         self.mask_token = nn.Parameter(torch.zeros(config.width))
         self.image_pos = nn.Parameter(torch.zeros(self.num_tokens, config.width))
         bias_grid = config.grid if config.relative_position_bias else None
-        self.blocks = nn.ModuleList(
-            Block(config.width, config.num_heads, config.mlp_ratio, bias_grid) for _ in range(config.depth)
-        )
+        self.blocks = nn.ModuleList(Block(config.width, config.num_heads, config.mlp_ratio, bias_grid) for _ in range(config.depth))
         self.norm = nn.LayerNorm(config.width)
         self._init_weights()
         # created after the init above: the head keeps its own (adaLN-Zero) initialisation
-        self.head = SimpleMLPAdaLN(self.token_channels, config.head_width, self.token_channels, config.width,
-                                   config.head_depth)
+        self.head = SimpleMLPAdaLN(self.token_channels, config.head_width, self.token_channels, config.width, config.head_depth)
 
     def _init_weights(self) -> None:
         for module in self.modules():
@@ -232,18 +238,14 @@ class TinyMAR(nn.Module):
         """The unconditional prompt of CFG (also the dropped-prompt text in pretraining)."""
         return NEGATIVE_PROMPT
 
-    def forward_z(self, prompts: PromptBatch, canvas: torch.Tensor, known: torch.Tensor,
-                  known_count: int | None = None) -> torch.Tensor:
+    def forward_z(self, prompts: PromptBatch, canvas: torch.Tensor, known: torch.Tensor, known_count: int | None = None) -> torch.Tensor:
         """canvas [B, N, C] (read where known), known bool [B, N] -> z [B, N, width]. Every position
         is attended (unknown ones as the mask token), so known_count is not needed."""
         batch = len(prompts)
         if canvas.shape != (batch, self.num_tokens, self.token_channels):
-            raise ValueError(f"canvas: got shape {tuple(canvas.shape)}, expected "
-                             f"[{batch}, {self.num_tokens}, {self.token_channels}]")
+            raise ValueError(f"canvas: got shape {tuple(canvas.shape)}, expected [{batch}, {self.num_tokens}, {self.token_channels}]")
         if known.shape != (batch, self.num_tokens) or known.dtype != torch.bool:
-            raise ValueError(
-                f"known: got {known.dtype} {tuple(known.shape)}, expected bool [{batch}, {self.num_tokens}]"
-            )
+            raise ValueError(f"known: got {known.dtype} {tuple(known.shape)}, expected bool [{batch}, {self.num_tokens}]")
         dtype = self.token_embed.weight.dtype
         image = torch.where(known[..., None], self.token_embed(canvas.to(dtype)), self.mask_token) + self.image_pos
         x = torch.cat([prompts.embeds.to(dtype), image], 1)
@@ -278,8 +280,14 @@ class TinyMAR(nn.Module):
         """The head's DDPM sampler: MAR's schedule (IDDPM respacing of 1000 training steps, eps
         prediction, fixed-large variance), with the predicted clean token clipped to the pixel range
         [-1, 1] (at the noisiest steps an eps error is amplified by 1 / sqrt(alpha_bar) ~ 600)."""
-        return DDPMSampler(num_steps or self.config.diffusion_steps, beta_schedule=self.config.noise_schedule,
-                           spacing="iddpm", prediction_type="epsilon", variance_type="fixed_large", clip_sample=1.0)
+        return DDPMSampler(
+            num_steps or self.config.diffusion_steps,
+            beta_schedule=self.config.noise_schedule,
+            spacing="iddpm",
+            prediction_type="epsilon",
+            variance_type="fixed_large",
+            clip_sample=1.0,
+        )
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: str | Path) -> None:
@@ -299,9 +307,11 @@ class TinyMAR(nn.Module):
         path = Path(path)
         for name in (CONFIG_FILE, WEIGHTS_FILE):
             if not (path / name).is_file():
-                raise FileNotFoundError(f"tiny MAR checkpoint: {path / name} not found (expected a directory with "
-                                        f"{CONFIG_FILE} and {WEIGHTS_FILE}, as written by `margrpo pretrain`, "
-                                        "`margrpo export` or `margrpo init-model shapes-tiny-random`)")
+                raise FileNotFoundError(
+                    f"tiny MAR checkpoint: {path / name} not found (expected a directory with "
+                    f"{CONFIG_FILE} and {WEIGHTS_FILE}, as written by `margrpo pretrain`, "
+                    "`margrpo export` or `margrpo init-model shapes-tiny-random`)"
+                )
         fields = json.loads((path / CONFIG_FILE).read_text())
         known = {f.name for f in dataclasses.fields(TinyMARConfig)}
         unknown = sorted(set(fields) - known)
@@ -320,8 +330,11 @@ class TinyMAR(nn.Module):
             problems.append(f"missing keys {missing}")
         if unexpected:
             problems.append(f"unexpected keys {unexpected}")
-        wrong = [f"{k}: checkpoint {tuple(state[k].shape)}, model {tuple(v.shape)}"
-                 for k, v in expected.items() if k in state and state[k].shape != v.shape]
+        wrong = [
+            f"{k}: checkpoint {tuple(state[k].shape)}, model {tuple(v.shape)}"
+            for k, v in expected.items()
+            if k in state and state[k].shape != v.shape
+        ]
         if wrong:
             problems.append("shape mismatches: " + "; ".join(wrong))
         if problems:

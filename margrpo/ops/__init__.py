@@ -5,6 +5,7 @@ by default or env MARGRPO_BACKEND) and has a torch.library custom op in namespac
 works under torch.compile(fullgraph=True), fake tensors, opcheck and autograd. In plain eager mode
 the op calls the backend's kernels directly, skipping the custom op's dispatch (see _kernels.py).
 """
+
 from . import _backend
 
 # load margrpo._C first: its TORCH_LIBRARY registrations back the cpp/cuda backends (None if not built)

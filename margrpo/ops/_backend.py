@@ -5,6 +5,7 @@
 triton, else cuda, on CUDA tensors and cpp, else torch, on CPU tensors. Triton runs on CPU tensors
 only under TRITON_INTERPRET=1 (tests).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -114,14 +115,14 @@ def auto_order(device: torch.device, op: str, elements: int | None = None) -> tu
     return measured + tuple(name for name in default + ("torch",) if name not in measured)
 
 
-def resolve(device: torch.device, op: str, has_kernel: Callable[[str], bool] | None = None,
-            elements: int | None = None) -> str:
+def resolve(device: torch.device, op: str, has_kernel: Callable[[str], bool] | None = None, elements: int | None = None) -> str:
     """The backend that runs `op` on tensors of `device` under the current selection.
 
     `has_kernel(name)` says whether backend `name` has this op's kernel: a partial or stale build of
     the extension (or of kernels/) may lack it, and `auto` then moves on to the next backend.
     `elements`: the size of the op's main input, which picks the table's size bucket under `auto`.
     """
+
     def usable(name: str) -> bool:
         return _runs_on(name, device) and (has_kernel is None or has_kernel(name))
 
@@ -129,8 +130,7 @@ def resolve(device: torch.device, op: str, has_kernel: Callable[[str], bool] | N
         return next(name for name in auto_order(device, op, elements) if usable(name))
     if not _runs_on(_selected, device):
         raise RuntimeError(
-            f"{op}: backend {_selected!r} cannot run on {device.type} tensors here "
-            f"(available: {', '.join(available_backends())})"
+            f"{op}: backend {_selected!r} cannot run on {device.type} tensors here (available: {', '.join(available_backends())})"
         )
     if not usable(_selected):
         raise RuntimeError(f"{op}: backend {_selected!r} has no kernel for this op in this build")

@@ -13,6 +13,7 @@ gradient, a `Gradient` (what to save and the backward formula). From that the fa
 `FusedOp.__call__(device, *inputs)` picks the route and the backend. The public ops validate their
 arguments, bring them to the kernel layout and call it; nothing below them validates again.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -48,8 +49,16 @@ class FusedOp:
     """One public op's routes to the kernels of `kernels` (forward kernels first, then the backward
     kernel if any) in kernels/<module>.py, margrpo.ops.reference and torch.ops.margrpo."""
 
-    def __init__(self, name: str, module: str, kernels: tuple[str, ...], schema: str, forward: Callable,
-                 fake: Callable, gradient: Gradient | None = None):
+    def __init__(
+        self,
+        name: str,
+        module: str,
+        kernels: tuple[str, ...],
+        schema: str,
+        forward: Callable,
+        fake: Callable,
+        gradient: Gradient | None = None,
+    ):
         self.name, self.module, self.kernels, self.gradient = name, module, kernels, gradient
         self.forward = forward
         # the positions of the schema's tensor arguments: the eager route asks only them whether
@@ -67,12 +76,12 @@ class FusedOp:
         if gradient is None:
             return
         if gradient.kernel is not None:
+
             def backward_body(*args):
                 backend, tensors = args[-1], [a.contiguous() if isinstance(a, torch.Tensor) else a for a in args[:-1]]
                 return _kernels.get(backend, module, gradient.kernel)(*tensors)
 
-            self.backward_op = torch.library.custom_op(f"margrpo::{name}_backward", backward_body, mutates_args=(),
-                                                       schema=gradient.schema)
+            self.backward_op = torch.library.custom_op(f"margrpo::{name}_backward", backward_body, mutates_args=(), schema=gradient.schema)
             self.backward_op.register_fake(lambda *args: gradient.fake(*args[:-1]))
         self.custom_op.register_autograd(self._custom_op_backward, setup_context=self._custom_op_setup)
         self.function = self._eager_function()
@@ -87,8 +96,7 @@ class FusedOp:
         elements = 0 if empty else inputs[0].numel()
         if _kernels.direct_call_allowed():
             backend, kernels = _kernels.for_eager(device, self.name, self.module, self.kernels, empty, elements)
-            if self.gradient is not None and torch.is_grad_enabled() and \
-                    any(inputs[i].requires_grad for i in self._tensor_inputs):
+            if self.gradient is not None and torch.is_grad_enabled() and any(inputs[i].requires_grad for i in self._tensor_inputs):
                 return self.function.apply(backend, kernels, *inputs)
             return self.forward(kernels, backend, *inputs)
         backend = "torch" if empty else _kernels.pick(device, self.name, self.module, *self.kernels, elements=elements)

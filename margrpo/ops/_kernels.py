@@ -11,6 +11,7 @@ eager mode (`direct_call_allowed`) the op calls the kernels from `for_eager` its
 torch.autograd.Function when a gradient is needed: the custom op's dispatch would cost 25-40 us
 per call, as much as the kernels take on the real shapes.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -73,11 +74,7 @@ def direct_call_allowed() -> bool:
     torch.compile traces it, nor under a dispatch mode or torch.func transform, which need the custom
     op's fake implementation and autograd registration. (torch.compile reads the first test as a
     constant True and never traces the other two.)"""
-    return not (
-        torch.compiler.is_compiling()
-        or torch._C._len_torch_dispatch_stack() > 0
-        or torch._C._are_functorch_transforms_active()
-    )
+    return not (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0 or torch._C._are_functorch_transforms_active())
 
 
 class _Picks:

@@ -11,6 +11,7 @@ Device kinds: cpu, nvidia-h100, nvidia-h200, other-cuda (every other CUDA device
 the first tensor the op's kernels take (gaussian_logprob x, trajectory_std samples, topk scores,
 consistency prev, grpo_surrogate logp), in the kernel layout.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -125,15 +126,19 @@ def parse(data: object, source: str) -> Table:
         if hi is not None and (isinstance(hi, bool) or not isinstance(hi, int) or hi <= lo):
             raise _fail(source, f"{where}.max_elements", hi, f"null (no bound) or an integer > min_elements ({lo})")
         order = entry.get("order")
-        if (not isinstance(order, list) or not order or any(b not in BACKENDS for b in order)
-                or len(set(order)) != len(order)):
+        if not isinstance(order, list) or not order or any(b not in BACKENDS for b in order) or len(set(order)) != len(order):
             raise _fail(source, f"{where}.order", order, f"a non-empty list of distinct backends from {', '.join(BACKENDS)}")
         bucket = Bucket(lo, hi, tuple(order))
         for other in buckets.get((op, kind), []):
-            if lo < (other.max_elements if other.max_elements is not None else float("inf")) and \
-                    other.min_elements < (hi if hi is not None else float("inf")):
-                raise _fail(source, f"{where} ({op} on {kind})", [lo, hi],
-                            f"a size range that overlaps no other entry's (it overlaps [{other.min_elements}, {other.max_elements}])")
+            if lo < (other.max_elements if other.max_elements is not None else float("inf")) and other.min_elements < (
+                hi if hi is not None else float("inf")
+            ):
+                raise _fail(
+                    source,
+                    f"{where} ({op} on {kind})",
+                    [lo, hi],
+                    f"a size range that overlaps no other entry's (it overlaps [{other.min_elements}, {other.max_elements}])",
+                )
         buckets.setdefault((op, kind), []).append(bucket)
     return Table(buckets, source)
 
@@ -144,8 +149,10 @@ def load(path: str | os.PathLike) -> Table:
     try:
         text = path.read_text()
     except OSError as err:
-        raise ValueError(f"backend table {path}: cannot be read ({err.strerror or err}); expected a JSON file "
-                         f"written by `margrpo bench ops --write-table` (env {ENV})") from None
+        raise ValueError(
+            f"backend table {path}: cannot be read ({err.strerror or err}); expected a JSON file "
+            f"written by `margrpo bench ops --write-table` (env {ENV})"
+        ) from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:

@@ -6,6 +6,7 @@ Metadata checks give the same answer for every call with the same signature (sha
 devices, options), so the public ops remember what they derived from a signature that passed
 (`remember`): a repeated eager call skips the checks, which cost as much as the
 kernel on small inputs. While torch.compile traces, the checks run every time (once per compile)."""
+
 from __future__ import annotations
 
 import math

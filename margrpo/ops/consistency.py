@@ -4,6 +4,7 @@ MAR-GRPO's consistency-aware selection: at a mask step, position n stays in the 
 cos(cur_n, final_n) - cos(prev_n, final_n) > threshold (strict), where cur/prev are the step's and
 the previous step's predicted clean latents. A zero-norm vector has cosine 0 with anything.
 """
+
 from __future__ import annotations
 
 import torch
@@ -16,7 +17,10 @@ _KERNELS = ("consistency_mask_fwd",)
 
 
 _OP = FusedOp(
-    "consistency_mask", _MODULE, _KERNELS, "(Tensor prev, Tensor cur, Tensor final, float threshold, str backend) -> Tensor",
+    "consistency_mask",
+    _MODULE,
+    _KERNELS,
+    "(Tensor prev, Tensor cur, Tensor final, float threshold, str backend) -> Tensor",
     lambda kernels, backend, prev, cur, final, threshold: kernels[0](prev, cur, final, threshold),
     lambda prev, cur, final, threshold: prev.new_empty(prev.shape[0], dtype=torch.bool),
 )
@@ -34,8 +38,7 @@ def consistency_mask(prev: torch.Tensor, cur: torch.Tensor, final: torch.Tensor,
     key = plan = None
     if not torch.compiler.is_compiling():
         try:
-            key = (prev.shape, prev.dtype, prev.device, cur.shape, cur.dtype, cur.device, final.shape, final.dtype,
-                   final.device)
+            key = (prev.shape, prev.dtype, prev.device, cur.shape, cur.dtype, cur.device, final.shape, final.dtype, final.device)
             plan = _PLANS.get(key)
         except (AttributeError, TypeError):  # an argument that is no tensor (the checks name it)
             key = None

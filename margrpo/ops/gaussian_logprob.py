@@ -7,6 +7,7 @@ One std policy for every backend: std <= 0 (no density, e.g. a deterministic ste
 ValueError naming std, unless the caller chose the sync-free path with check_std=False, where the
 kernels give NaN for those elements (the check reads the data: a host sync on a GPU).
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -60,11 +61,19 @@ def _backward(run, saved, attrs, grad_out):
 
 
 _OP = FusedOp(
-    "gaussian_logprob", _MODULE, _KERNELS,
+    "gaussian_logprob",
+    _MODULE,
+    _KERNELS,
     "(Tensor x, Tensor mean, Tensor std, int reduce, bool check_std, str backend) -> Tensor",
-    _forward, _fake,
-    Gradient(_save, _backward, kernel=_KERNELS[1], fake=_backward_fake,
-             schema="(Tensor grad_out, Tensor x, Tensor mean, Tensor std, int reduce, str backend) -> (Tensor, Tensor, Tensor)"),
+    _forward,
+    _fake,
+    Gradient(
+        _save,
+        _backward,
+        kernel=_KERNELS[1],
+        fake=_backward_fake,
+        schema="(Tensor grad_out, Tensor x, Tensor mean, Tensor std, int reduce, str backend) -> (Tensor, Tensor, Tensor)",
+    ),
 )
 
 
@@ -122,15 +131,15 @@ def _plan(x: object, mean: object, std: object, reduce: object) -> _Plan:
     else:
         device = _validate.same_device(x=x, mean=mean)
     code = _REDUCE[reduce]
-    return _Plan(x.numel() // C, C, width, expand, dtype, device, code,
-                 tuple(x.shape if code == reference.REDUCE_NONE else x.shape[:-1]))
+    return _Plan(x.numel() // C, C, width, expand, dtype, device, code, tuple(x.shape if code == reference.REDUCE_NONE else x.shape[:-1]))
 
 
 _PLANS: dict[tuple, _Plan] = {}  # call signature -> its _Plan (see _validate.remember)
 
 
-def gaussian_logprob(x: torch.Tensor, mean: torch.Tensor, std: float | torch.Tensor, reduce: str = "sum", *,
-                     check_std: bool = True) -> torch.Tensor:
+def gaussian_logprob(
+    x: torch.Tensor, mean: torch.Tensor, std: float | torch.Tensor, reduce: str = "sum", *, check_std: bool = True
+) -> torch.Tensor:
     """log N(x; mean, std^2) per element, reduced over the last (channel) dim.
 
     Args:
@@ -151,8 +160,16 @@ def gaussian_logprob(x: torch.Tensor, mean: torch.Tensor, std: float | torch.Ten
     key = plan = None
     if not torch.compiler.is_compiling():
         try:
-            key = (x.shape, x.dtype, x.device, mean.shape, mean.dtype, mean.device, reduce,
-                   (std.shape, std.dtype, std.device) if isinstance(std, torch.Tensor) else type(std))
+            key = (
+                x.shape,
+                x.dtype,
+                x.device,
+                mean.shape,
+                mean.dtype,
+                mean.device,
+                reduce,
+                (std.shape, std.dtype, std.device) if isinstance(std, torch.Tensor) else type(std),
+            )
             plan = _PLANS.get(key)
         except (AttributeError, TypeError):  # an argument that is no tensor (the checks name it)
             key = None

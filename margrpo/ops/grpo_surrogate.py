@@ -7,6 +7,7 @@ trajectory 0 (the rollout's own). The loss is a weighted sum of terms whose weig
 builds from the mask and the aggregation. The kernel returns d loss / d logp alongside the loss;
 backward only scales it by the incoming gradient.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -42,10 +43,13 @@ def _backward(run, saved, attrs, grad_loss, grad_stats, grad_grad):
 
 
 _OP = FusedOp(
-    "grpo_surrogate", _MODULE, _KERNELS,
+    "grpo_surrogate",
+    _MODULE,
+    _KERNELS,
     "(Tensor logp, Tensor old_logp, Tensor advantages, Tensor weights, Tensor mte_mask, float clip_low, "
     "float clip_high, str backend) -> (Tensor, Tensor, Tensor)",
-    lambda kernels, backend, *inputs: tuple(kernels[0](*inputs)), _fake,
+    lambda kernels, backend, *inputs: tuple(kernels[0](*inputs)),
+    _fake,
     Gradient(lambda inputs, outputs: ((outputs[2],), ()), _backward, non_differentiable=(1, 2)),
 )
 
@@ -59,8 +63,7 @@ def token_weights(mask: torch.Tensor, aggregation: str = "token_mean", dtype: to
     these weights and the chunk losses add up to the batch loss. "sum": the mask itself, as weights.
     """
     _validate.choice("aggregation", aggregation, _AGGREGATIONS)
-    if aggregation == "token_mean" and mask.dtype == torch.bool and mask.device.type == "cpu" \
-            and _kernels.direct_call_allowed():
+    if aggregation == "token_mean" and mask.dtype == torch.bool and mask.device.type == "cpu" and _kernels.direct_call_allowed():
         # eager on the CPU, reading the count costs no sync: one op fewer than dividing by a clamped
         # tensor (not while tracing or under a dispatch mode: fake tensors have no count to read)
         return mask.to(dtype).div_(max(int(mask.sum()), 1))
@@ -111,9 +114,22 @@ def grpo_surrogate(
     key = plan = None
     if not torch.compiler.is_compiling():
         try:
-            key = (logp.shape, logp.dtype, logp.device, old_logp.shape, old_logp.dtype, old_logp.device,
-                   advantages.shape, advantages.dtype, advantages.device, mask.shape, mask.dtype, mask.device,
-                   None if mte_mask is None else (mte_mask.shape, mte_mask.dtype, mte_mask.device), aggregation)
+            key = (
+                logp.shape,
+                logp.dtype,
+                logp.device,
+                old_logp.shape,
+                old_logp.dtype,
+                old_logp.device,
+                advantages.shape,
+                advantages.dtype,
+                advantages.device,
+                mask.shape,
+                mask.dtype,
+                mask.device,
+                None if mte_mask is None else (mte_mask.shape, mte_mask.dtype, mte_mask.device),
+                aggregation,
+            )
             plan = _PLANS.get(key)
         except (AttributeError, TypeError):  # an argument that is no tensor (the checks name it)
             key = None
@@ -165,7 +181,8 @@ def _plan(logp: object, old_logp: object, advantages: object, mask: object, mte_
     if mte_mask is not None:
         _validate.same_shape("mte_mask", mte_mask, (B, L), "[B, L] like the last two dims of logp")
     # no mte_mask: its zeros are made on logp's device
-    device = _validate.same_device(logp=logp, old_logp=old_logp, advantages=advantages, mask=mask,
-                                   mte_mask=logp if mte_mask is None else mte_mask)
+    device = _validate.same_device(
+        logp=logp, old_logp=old_logp, advantages=advantages, mask=mask, mte_mask=logp if mte_mask is None else mte_mask
+    )
     _validate.choice("aggregation", aggregation, _AGGREGATIONS)
     return B, L, reference.acc_dtype(torch.promote_types(logp.dtype, old_logp.dtype)), device

@@ -6,6 +6,7 @@ these layouts, then dispatch. Inputs here are already validated, contiguous and 
 
 Numerics: fp32 accumulation and fp32 outputs for fp16/bf16/fp32 inputs; fp64 stays fp64 (tests).
 """
+
 from __future__ import annotations
 
 import math

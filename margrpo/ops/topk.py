@@ -4,6 +4,7 @@ MAR-GRPO applies multi-trajectory expectation only on the k = floor(ratio * N) m
 positions of each image. Ties are broken toward the lower index, so the choice is deterministic
 and every backend picks the same positions. No gradient (the outputs are indices and masks).
 """
+
 from __future__ import annotations
 
 import math
@@ -23,8 +24,7 @@ def _check_no_nan(scores: torch.Tensor) -> None:
     nan = int(torch.isnan(scores).sum())
     if nan:
         raise ValueError(
-            f"scores: got {nan} NaN values, expected none (NaN has no rank); "
-            "pass check_finite=False to skip this check on hot paths"
+            f"scores: got {nan} NaN values, expected none (NaN has no rank); pass check_finite=False to skip this check on hot paths"
         )
 
 
@@ -36,10 +36,22 @@ def _forward(kernels, backend: str, scores, k: int, check_finite: bool):
 
 _SCHEMA = "(Tensor scores, int k, bool check_finite, str backend) -> Tensor"
 _OPS = {
-    "topk_mask": FusedOp("topk_mask", _MODULE, ("topk_mask_fwd",), _SCHEMA, _forward,
-                         lambda scores, k, check_finite: scores.new_empty(scores.shape, dtype=torch.bool)),
-    "topk_indices": FusedOp("topk_indices", _MODULE, ("topk_indices_fwd",), _SCHEMA, _forward,
-                            lambda scores, k, check_finite: scores.new_empty((scores.shape[0], k), dtype=torch.int64)),
+    "topk_mask": FusedOp(
+        "topk_mask",
+        _MODULE,
+        ("topk_mask_fwd",),
+        _SCHEMA,
+        _forward,
+        lambda scores, k, check_finite: scores.new_empty(scores.shape, dtype=torch.bool),
+    ),
+    "topk_indices": FusedOp(
+        "topk_indices",
+        _MODULE,
+        ("topk_indices_fwd",),
+        _SCHEMA,
+        _forward,
+        lambda scores, k, check_finite: scores.new_empty((scores.shape[0], k), dtype=torch.int64),
+    ),
 }
 
 
@@ -81,9 +93,7 @@ def _run(op: str, scores: torch.Tensor, k: int, check_finite: bool) -> torch.Ten
     return _OPS[op](scores.device, scores, k, check_finite, empty=scores.numel() == 0)
 
 
-def topk_mask(
-    scores: torch.Tensor, ratio: float | None = None, k: int | None = None, *, check_finite: bool = True
-) -> torch.Tensor:
+def topk_mask(scores: torch.Tensor, ratio: float | None = None, k: int | None = None, *, check_finite: bool = True) -> torch.Tensor:
     """bool [B, N], True at exactly k positions per row: the k largest scores, ties to the lower index.
 
     Args:
@@ -97,9 +107,7 @@ def topk_mask(
     return _run("topk_mask", scores, k, check_finite)
 
 
-def topk_indices(
-    scores: torch.Tensor, ratio: float | None = None, k: int | None = None, *, check_finite: bool = True
-) -> torch.Tensor:
+def topk_indices(scores: torch.Tensor, ratio: float | None = None, k: int | None = None, *, check_finite: bool = True) -> torch.Tensor:
     """int64 [B, k]: the positions of the k largest scores per row, by descending score; equal scores
     are chosen and ordered toward the lower index. Arguments as in topk_mask."""
     scores, k = _scores_and_k(scores, ratio, k)

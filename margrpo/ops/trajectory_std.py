@@ -4,6 +4,7 @@ The uncertainty score of MAR-GRPO's top-k selection: the population std over the
 final clean latent element, then the mean over its C channels. Gradients flow to samples (0 where
 all K seeds agree, where the std has no derivative).
 """
+
 from __future__ import annotations
 
 import torch
@@ -29,10 +30,19 @@ def _backward(run, saved, attrs, grad_out):
 
 
 _OP = FusedOp(
-    "trajectory_std", _MODULE, _KERNELS, "(Tensor samples, str backend) -> Tensor",
-    lambda kernels, backend, samples: kernels[0](samples), _fake,
-    Gradient(lambda inputs, output: (inputs, ()), _backward, kernel=_KERNELS[1], fake=_backward_fake,
-             schema="(Tensor grad_out, Tensor samples, str backend) -> Tensor"),
+    "trajectory_std",
+    _MODULE,
+    _KERNELS,
+    "(Tensor samples, str backend) -> Tensor",
+    lambda kernels, backend, samples: kernels[0](samples),
+    _fake,
+    Gradient(
+        lambda inputs, output: (inputs, ()),
+        _backward,
+        kernel=_KERNELS[1],
+        fake=_backward_fake,
+        schema="(Tensor grad_out, Tensor samples, str backend) -> Tensor",
+    ),
 )
 
 

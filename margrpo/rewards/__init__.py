@@ -10,6 +10,7 @@ Heavy dependencies (open_clip, transformers, timm) are imported only when a rewa
 is built, so this package imports with torch alone. Weights come from local paths only: the
 reward's `path` option or $MARGRPO_WEIGHTS_DIR in the layout each reward documents.
 """
+
 from . import aesthetic, clip_score, git_vqa, grounding_dino, hps, image_reward, jpeg, shapes  # noqa: F401 (registration)
 from .base import Metadata, MissingMetadataError, Reward, to_unit_float
 from .client import RemoteReward, RewardServiceError
@@ -18,7 +19,23 @@ from .weighting import NORMALIZATIONS, RewardResult, RewardTerm, WeightedReward,
 from .weights import WEIGHTS_DIR_ENV, CorruptWeightsError, MissingWeightsError
 
 __all__ = [
-    "CorruptWeightsError", "Metadata", "MissingMetadataError", "MissingWeightsError", "NORMALIZATIONS", "RemoteReward", "Reward",
-    "RewardResult", "RewardServiceError", "RewardTerm", "WEIGHTS_DIR_ENV", "WeightedReward", "available_rewards",
-    "build_reward", "build_rewards", "register", "reward_class", "reward_options", "to_unit_float",
+    "CorruptWeightsError",
+    "Metadata",
+    "MissingMetadataError",
+    "MissingWeightsError",
+    "NORMALIZATIONS",
+    "RemoteReward",
+    "Reward",
+    "RewardResult",
+    "RewardServiceError",
+    "RewardTerm",
+    "WEIGHTS_DIR_ENV",
+    "WeightedReward",
+    "available_rewards",
+    "build_reward",
+    "build_rewards",
+    "register",
+    "reward_class",
+    "reward_options",
+    "to_unit_float",
 ]

@@ -7,6 +7,7 @@ optional splitting of large batches into chunks of `batch_size`. A reward whose 
 per-image metadata (`needs_metadata`) refuses a call without any (MissingMetadataError) rather than
 scoring every image alike.
 """
+
 from __future__ import annotations
 
 import abc
@@ -27,8 +28,16 @@ def as_dtype(dtype: torch.dtype | str) -> torch.dtype:
     """torch.float32 or a name such as 'bfloat16' / 'fp16' (configs carry names) -> torch.dtype."""
     if isinstance(dtype, torch.dtype):
         return dtype
-    names = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16,
-             "bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp64": torch.float64, "float64": torch.float64}
+    names = {
+        "fp32": torch.float32,
+        "float32": torch.float32,
+        "fp16": torch.float16,
+        "float16": torch.float16,
+        "bf16": torch.bfloat16,
+        "bfloat16": torch.bfloat16,
+        "fp64": torch.float64,
+        "float64": torch.float64,
+    }
     if dtype not in names:
         raise ValueError(f"dtype: got {dtype!r}, expected one of {', '.join(names)}")
     return names[dtype]
@@ -53,8 +62,7 @@ def to_unit_float(images: torch.Tensor, device: torch.device | str | None = None
         lo, hi = out.amin().item(), out.amax().item()
         if not (lo >= -1e-3 and hi <= 1 + 1e-3):  # also catches NaN
             raise ValueError(
-                f"images: float values must lie in [0, 1]; got min {lo:.4g}, max {hi:.4g} "
-                "(map [-1, 1] images with (x + 1) / 2 first)"
+                f"images: float values must lie in [0, 1]; got min {lo:.4g}, max {hi:.4g} (map [-1, 1] images with (x + 1) / 2 first)"
             )
     return out.clamp(0.0, 1.0)
 
@@ -90,8 +98,9 @@ class Reward(abc.ABC):
     # every image would get the same score, which gives GRPO no advantage
     needs_metadata: bool = False
 
-    def __init__(self, device: str | torch.device | None = None, dtype: torch.dtype | str = torch.float32,
-                 batch_size: int | None = None) -> None:
+    def __init__(
+        self, device: str | torch.device | None = None, dtype: torch.dtype | str = torch.float32, batch_size: int | None = None
+    ) -> None:
         self.device = torch.device(device if device is not None else default_device())
         self.dtype = as_dtype(dtype)
         if batch_size is not None and batch_size < 1:
@@ -108,7 +117,8 @@ class Reward(abc.ABC):
             raise MissingMetadataError(
                 f"{self.name}: got no metadata; this reward scores the objects, counts and relations named in "
                 "per-image metadata (margrpo.rewards.compbench), without which every image scores alike. Give "
-                "prompts as a .jsonl prompt file with 'objects' (and 'position'), see margrpo.prompt_files")
+                "prompts as a .jsonl prompt file with 'objects' (and 'position'), see margrpo.prompt_files"
+            )
         meta = check_batch(images, prompts, metadata)
         prompts = list(prompts)
         step = self.batch_size or max(images.shape[0], 1)
@@ -119,9 +129,7 @@ class Reward(abc.ABC):
                 pixels = to_unit_float(images[start:end], self.device)
                 scores = self.score(pixels, prompts[start:end], meta[start:end])
                 if scores.shape != (pixels.shape[0],):
-                    raise RuntimeError(
-                        f"{self.name}: score() returned shape {tuple(scores.shape)}, expected ({pixels.shape[0]},)"
-                    )
+                    raise RuntimeError(f"{self.name}: score() returned shape {tuple(scores.shape)}, expected ({pixels.shape[0]},)")
                 chunks.append(scores.to(device=self.device, dtype=torch.float32))
         if not chunks:
             return torch.zeros(0, device=self.device)

@@ -7,6 +7,7 @@ naming the URL, the attempts and the last error. With a token (the `token` optio
 $MARGRPO_REWARD_TOKEN) each request carries `Authorization: Bearer <token>` for a server started
 with --token.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,10 +40,19 @@ class RemoteReward(Reward):
         token: the server's shared token (its --token); None: $MARGRPO_REWARD_TOKEN if set, else none.
     """
 
-    def __init__(self, url: str = "http://127.0.0.1:8765", remote_name: str = "hps", timeout: float = 120.0,
-                 retries: int = 3, backoff: float = 1.0, wire_dtype: str = "uint8", device: str | None = "cpu",
-                 dtype: torch.dtype | str = torch.float32, batch_size: int | None = None,
-                 token: str | None = None) -> None:
+    def __init__(
+        self,
+        url: str = "http://127.0.0.1:8765",
+        remote_name: str = "hps",
+        timeout: float = 120.0,
+        retries: int = 3,
+        backoff: float = 1.0,
+        wire_dtype: str = "uint8",
+        device: str | None = "cpu",
+        dtype: torch.dtype | str = torch.float32,
+        batch_size: int | None = None,
+        token: str | None = None,
+    ) -> None:
         super().__init__(device=device, dtype=dtype, batch_size=batch_size)
         if timeout <= 0 or retries < 0 or backoff < 0:
             raise ValueError(f"timeout/retries/backoff: got {timeout}/{retries}/{backoff}, expected >0 / >=0 / >=0")
@@ -70,8 +80,9 @@ class RemoteReward(Reward):
                     break
             except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as err:
                 last_error = f"{type(err).__name__}: {getattr(err, 'reason', err)}"
-        raise RewardServiceError(f"reward service {endpoint}: failed after {attempt + 1} attempt(s) "
-                                 f"(timeout {self.timeout}s each); last error: {last_error}")
+        raise RewardServiceError(
+            f"reward service {endpoint}: failed after {attempt + 1} attempt(s) (timeout {self.timeout}s each); last error: {last_error}"
+        )
 
 
 def _error_message(err: urllib.error.HTTPError) -> str:

@@ -4,6 +4,7 @@ PickScore (Kirstain et al.): logit_scale.exp() * cos(image, prompt), a ViT-H-14 
 Pick-a-Pic preferences (about 20-23 for good images). CLIPScore: scale * cos with scale 100 (the
 torchmetrics convention; Hessel et al. use 2.5) on any CLIP, by default ViT-L/14.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -15,27 +16,35 @@ from .hf_clip import HFClip
 from .registry import register
 from .weights import WeightsSpec, resolve
 
-HF_LAYOUT = ("a Hugging Face model directory: config.json, model.safetensors or pytorch_model.bin, "
-             "tokenizer files and preprocessor_config.json")
-PICKSCORE = WeightsSpec("pickscore", "pickscore",
-                        "a Hugging Face CLIPModel directory (config.json, model.safetensors or pytorch_model.bin) with "
-                        "the tokenizer files and preprocessor_config.json in it or in the processor_path directory "
-                        "(PickScore_v1 ships without them: use those of laion/CLIP-ViT-H-14-laion2B-s32B-b79K)",
-                        "https://huggingface.co/yuvalkirstain/PickScore_v1 (model) with the processor files of "
-                        "https://huggingface.co/laion/CLIP-ViT-H-14-laion2B-s32B-b79K")
-CLIPSCORE = WeightsSpec("clipscore", "clip-vit-large-patch14", HF_LAYOUT,
-                        "https://huggingface.co/openai/clip-vit-large-patch14")
+HF_LAYOUT = (
+    "a Hugging Face model directory: config.json, model.safetensors or pytorch_model.bin, tokenizer files and preprocessor_config.json"
+)
+PICKSCORE = WeightsSpec(
+    "pickscore",
+    "pickscore",
+    "a Hugging Face CLIPModel directory (config.json, model.safetensors or pytorch_model.bin) with "
+    "the tokenizer files and preprocessor_config.json in it or in the processor_path directory "
+    "(PickScore_v1 ships without them: use those of laion/CLIP-ViT-H-14-laion2B-s32B-b79K)",
+    "https://huggingface.co/yuvalkirstain/PickScore_v1 (model) with the processor files of "
+    "https://huggingface.co/laion/CLIP-ViT-H-14-laion2B-s32B-b79K",
+)
+CLIPSCORE = WeightsSpec("clipscore", "clip-vit-large-patch14", HF_LAYOUT, "https://huggingface.co/openai/clip-vit-large-patch14")
 
 
 class _ClipSimilarity(Reward):
     spec: WeightsSpec
 
-    def __init__(self, path: str | None = None, processor_path: str | None = None, device: str | None = None,
-                 dtype: torch.dtype | str = torch.float32, batch_size: int | None = None) -> None:
+    def __init__(
+        self,
+        path: str | None = None,
+        processor_path: str | None = None,
+        device: str | None = None,
+        dtype: torch.dtype | str = torch.float32,
+        batch_size: int | None = None,
+    ) -> None:
         super().__init__(device=device, dtype=dtype, batch_size=batch_size)
         directory = resolve(self.spec, path, kind="dir")
-        processor = resolve(replace(self.spec, option="processor_path"), processor_path, kind="dir") \
-            if processor_path else None
+        processor = resolve(replace(self.spec, option="processor_path"), processor_path, kind="dir") if processor_path else None
         self.clip = HFClip(self.spec, directory, processor, self.device, self.dtype)
 
     def cosine(self, images: torch.Tensor, prompts: list[str], cut_after_tokenizing: bool = False) -> torch.Tensor:
@@ -71,9 +80,16 @@ class CLIPScore(_ClipSimilarity):
     spec = CLIPSCORE
     MODES = ("per_image", "torchmetrics")
 
-    def __init__(self, path: str | None = None, processor_path: str | None = None, scale: float = 100.0,
-                 mode: str = "per_image", device: str | None = None, dtype: torch.dtype | str = torch.float32,
-                 batch_size: int | None = None) -> None:
+    def __init__(
+        self,
+        path: str | None = None,
+        processor_path: str | None = None,
+        scale: float = 100.0,
+        mode: str = "per_image",
+        device: str | None = None,
+        dtype: torch.dtype | str = torch.float32,
+        batch_size: int | None = None,
+    ) -> None:
         if mode not in self.MODES:
             raise ValueError(f"mode: got {mode!r}, expected one of {', '.join(self.MODES)}")
         super().__init__(path=path, processor_path=processor_path, device=device, dtype=dtype, batch_size=batch_size)

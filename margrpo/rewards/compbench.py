@@ -7,6 +7,7 @@ One dict per image (the T2I-R1 / MAR-GRPO training files use these keys):
   spatial_info   {"obj1": str, "obj2": str, "locality": str}: "obj1 <locality> obj2" (spatial tasks)
   numeracy_info  [{"obj_name": str, "num": int}, ...] (numeracy tasks)
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -57,5 +58,4 @@ class CompBenchItem:
             if not isinstance(item, dict) or "obj_name" not in item or "num" not in item:
                 raise TypeError(f"{where}['numeracy_info']: got entry {item!r}, expected a dict with obj_name, num")
             counts.append((str(item["obj_name"]), int(item["num"])))
-        return cls(task_type=task, nouns=strings("nouns") or (), attr_nouns=strings("attr_nouns"),
-                   spatial=spatial, counts=tuple(counts))
+        return cls(task_type=task, nouns=strings("nouns") or (), attr_nouns=strings("attr_nouns"), spatial=spatial, counts=tuple(counts))

@@ -15,6 +15,7 @@ list makes its mean over no questions NaN. Here an empty list counts as absent.
 All questions of a batch run as one padded batch (right padding; the text is causal, so padding
 does not change the logits read at each row's last real token).
 """
+
 from __future__ import annotations
 
 import torch
@@ -25,10 +26,13 @@ from .preprocess import ImageTransform
 from .registry import register
 from .weights import CorruptWeightsError, WeightsSpec, load_hf_model, require_files, resolve
 
-SPEC = WeightsSpec("git_vqa", "git-large-vqav2",
-                   "a Hugging Face GIT directory: config.json, model.safetensors or pytorch_model.bin, "
-                   "tokenizer files (vocab.txt) and preprocessor_config.json",
-                   "https://huggingface.co/microsoft/git-large-vqav2")
+SPEC = WeightsSpec(
+    "git_vqa",
+    "git-large-vqav2",
+    "a Hugging Face GIT directory: config.json, model.safetensors or pytorch_model.bin, "
+    "tokenizer files (vocab.txt) and preprocessor_config.json",
+    "https://huggingface.co/microsoft/git-large-vqav2",
+)
 UNSCORED_TASKS = ("spatial", "numeracy")
 NO_NOUNS = ("one", "ask_prompt")
 
@@ -49,8 +53,14 @@ class GitVQAReward(Reward):
     """Mean P(yes)/(P(yes)+P(no)) over an image's questions. path: the GIT VQA directory;
     no_nouns: 'one' (the reference) or 'ask_prompt' (see the module docstring)."""
 
-    def __init__(self, path: str | None = None, no_nouns: str = "one", device: str | None = None,
-                 dtype: torch.dtype | str = torch.float32, batch_size: int | None = None) -> None:
+    def __init__(
+        self,
+        path: str | None = None,
+        no_nouns: str = "one",
+        device: str | None = None,
+        dtype: torch.dtype | str = torch.float32,
+        batch_size: int | None = None,
+    ) -> None:
         super().__init__(device=device, dtype=dtype, batch_size=batch_size)
         if no_nouns not in NO_NOUNS:
             raise ValueError(f"no_nouns: got {no_nouns!r}, expected one of {', '.join(NO_NOUNS)}")
@@ -65,8 +75,9 @@ class GitVQAReward(Reward):
         self.transform = ImageTransform.from_hf_config(directory / "preprocessor_config.json")
         ids = {word: self.tokenizer.encode(word, add_special_tokens=False) for word in ("yes", "no")}
         if any(len(v) != 1 for v in ids.values()):
-            raise CorruptWeightsError(f"git_vqa: the tokenizer in {directory} does not hold 'yes' and 'no' as "
-                                      f"single tokens (got {ids}); {SPEC.describe()}")
+            raise CorruptWeightsError(
+                f"git_vqa: the tokenizer in {directory} does not hold 'yes' and 'no' as single tokens (got {ids}); {SPEC.describe()}"
+            )
         self.yes_id, self.no_id = ids["yes"][0], ids["no"][0]
 
     def score(self, images: torch.Tensor, prompts: list[str], metadata: Metadata) -> torch.Tensor:
@@ -83,7 +94,7 @@ class GitVQAReward(Reward):
         lengths = torch.tensor([len(e) for e in encoded], device=self.device)
         input_ids = torch.full((len(rows), int(lengths.max())), self.tokenizer.pad_token_id or 0, device=self.device)
         for r, e in enumerate(encoded):
-            input_ids[r, :len(e)] = torch.tensor(e, device=self.device)
+            input_ids[r, : len(e)] = torch.tensor(e, device=self.device)
         mask = (torch.arange(input_ids.shape[1], device=self.device) < lengths[:, None]).long()
         logits = self.model(pixel_values=pixels, input_ids=input_ids, attention_mask=mask).logits
         image_tokens = logits.shape[1] - input_ids.shape[1]  # GIT's logits cover the image tokens first

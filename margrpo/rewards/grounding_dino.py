@@ -25,6 +25,7 @@ normalised offsets with a 150-pixel threshold (so "near" always scored 1) and sc
 Weights: the Hugging Face layout only. The original release file groundingdino_swint_ogc.pth
 (IDEA-Research/GroundingDINO key names) is recognised and refused with the conversion to run.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -37,16 +38,21 @@ from .preprocess import ImageTransform
 from .registry import register
 from .weights import CorruptWeightsError, WeightsSpec, load_hf_model, require_files, resolve
 
-SPEC = WeightsSpec("grounding_dino", "grounding-dino-tiny",
-                   "a Hugging Face GroundingDINO directory: config.json, model.safetensors, tokenizer files "
-                   "and preprocessor_config.json", "https://huggingface.co/IDEA-Research/grounding-dino-tiny")
+SPEC = WeightsSpec(
+    "grounding_dino",
+    "grounding-dino-tiny",
+    "a Hugging Face GroundingDINO directory: config.json, model.safetensors, tokenizer files and preprocessor_config.json",
+    "https://huggingface.co/IDEA-Research/grounding-dino-tiny",
+)
 ORIGINAL_FILES = ("groundingdino_swint_ogc.pth", "groundingdino_swinb_cogcoor.pth")
-CONVERT = ("convert it to the Hugging Face layout with transformers' script "
-           "src/transformers/models/grounding_dino/convert_grounding_dino_to_hf.py "
-           "(--model_name grounding-dino-tiny for SwinT-OGC, grounding-dino-base for SwinB; "
-           "--pytorch_dump_folder_path DIR; it fetches the release file itself), or use the converted "
-           "SwinT-OGC weights published at https://huggingface.co/IDEA-Research/grounding-dino-tiny, "
-           "then set path=DIR")
+CONVERT = (
+    "convert it to the Hugging Face layout with transformers' script "
+    "src/transformers/models/grounding_dino/convert_grounding_dino_to_hf.py "
+    "(--model_name grounding-dino-tiny for SwinT-OGC, grounding-dino-base for SwinB; "
+    "--pytorch_dump_folder_path DIR; it fetches the release file itself), or use the converted "
+    "SwinT-OGC weights published at https://huggingface.co/IDEA-Research/grounding-dino-tiny, "
+    "then set path=DIR"
+)
 NMS_BOXES = ("cxcywh", "xyxy")
 PHRASE_TOKENS = ("first_last", "all")
 LEFT, RIGHT = ("on the left of", "left of"), ("on the right of", "right of")
@@ -82,7 +88,7 @@ def nms_count(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float = 
     for i in range(len(order)):
         if not suppressed[i]:
             kept += 1
-            suppressed[i + 1:] |= overlaps[i, i + 1:]
+            suppressed[i + 1 :] |= overlaps[i, i + 1 :]
     return kept
 
 
@@ -92,8 +98,7 @@ def corners(boxes: torch.Tensor) -> torch.Tensor:
     return torch.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], -1)
 
 
-def position_score(locality: str, box1: torch.Tensor, box2: torch.Tensor, iou_threshold: float = 0.1,
-                   near_distance: float = 0.3) -> float:
+def position_score(locality: str, box1: torch.Tensor, box2: torch.Tensor, iou_threshold: float = 0.1, near_distance: float = 0.3) -> float:
     """How well xyxy box1 stands `locality` of box2 (normalised coordinates, y down), in [0, 1]."""
     if locality not in LOCALITIES:
         raise ValueError(f"spatial_info['locality']: got {locality!r}, expected one of {', '.join(LOCALITIES)}")
@@ -143,9 +148,17 @@ class GroundingDinoReward(Reward):
 
     needs_metadata = True
 
-    def __init__(self, path: str | None = None, box_threshold: float = 0.3, near_distance: float = 0.3,
-                 nms_boxes: str = "cxcywh", phrase_tokens: str = "first_last", device: str | None = None,
-                 dtype: torch.dtype | str = torch.float32, batch_size: int | None = None) -> None:
+    def __init__(
+        self,
+        path: str | None = None,
+        box_threshold: float = 0.3,
+        near_distance: float = 0.3,
+        nms_boxes: str = "cxcywh",
+        phrase_tokens: str = "first_last",
+        device: str | None = None,
+        dtype: torch.dtype | str = torch.float32,
+        batch_size: int | None = None,
+    ) -> None:
         super().__init__(device=device, dtype=dtype, batch_size=batch_size)
         if nms_boxes not in NMS_BOXES:
             raise ValueError(f"nms_boxes: got {nms_boxes!r}, expected one of {', '.join(NMS_BOXES)}")
@@ -166,9 +179,14 @@ class GroundingDinoReward(Reward):
     def detect(self, images: torch.Tensor, phrases: list[list[str]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per image: (phrase scores [P, queries], boxes (cx, cy, w, h) [queries, 4]) for its phrases."""
         captions, spans = zip(*(caption_for(p, self.first_last) for p in phrases))
-        tokens = self.tokenizer(list(captions), padding=True, truncation=True,
-                                max_length=self.model.config.max_text_len, return_offsets_mapping=True,
-                                return_tensors="pt")
+        tokens = self.tokenizer(
+            list(captions),
+            padding=True,
+            truncation=True,
+            max_length=self.model.config.max_text_len,
+            return_offsets_mapping=True,
+            return_tensors="pt",
+        )
         offsets = tokens.pop("offset_mapping")
         tokens = {k: v.to(self.device) for k, v in tokens.items()}
         pixels = self.transform(images, self.dtype)
@@ -180,8 +198,10 @@ class GroundingDinoReward(Reward):
         for b, image_spans in enumerate(spans):
             start, end = offsets[b, :, 0], offsets[b, :, 1]
             real = (end > start)[None, :]
-            in_span = torch.stack([torch.stack([(start >= s) & (end <= e) for s, e in phrase_spans]).any(0)
-                                   for phrase_spans in image_spans]) & real  # [P, L]
+            in_span = (
+                torch.stack([torch.stack([(start >= s) & (end <= e) for s, e in phrase_spans]).any(0) for phrase_spans in image_spans])
+                & real
+            )  # [P, L]
             weights = in_span.float() / in_span.sum(1, keepdim=True).clamp(min=1)
             text_len = min(weights.shape[1], probs.shape[-1])
             results.append((weights[:, :text_len].to(self.device) @ probs[b, :, :text_len].T, boxes[b]))

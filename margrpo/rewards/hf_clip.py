@@ -4,6 +4,7 @@ Used by PickScore, CLIPScore and the aesthetic predictor. The directory holds co
 model.safetensors (or pytorch_model.bin), the tokenizer files and preprocessor_config.json.
 Needs transformers (imported when a reward is built).
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -25,17 +26,20 @@ class HFClip:
     """CLIPModel + tokenizer + image transform from `directory` (processor files may live in
     `processor_directory`, e.g. PickScore's model with the laion ViT-H-14 processor)."""
 
-    def __init__(self, spec: WeightsSpec, directory: Path, processor_directory: Path | None,
-                 device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(
+        self, spec: WeightsSpec, directory: Path, processor_directory: Path | None, device: torch.device, dtype: torch.dtype
+    ) -> None:
         from transformers import AutoTokenizer, CLIPModel
 
         # the processor files' option: processor_path when given, else path (where they may be missing)
-        processor_spec = replace(spec, option="processor_path" if processor_directory else
-                                 f"{spec.option} (or processor_path, a directory with the tokenizer files and "
-                                 f"preprocessor_config.json)")
+        processor_spec = replace(
+            spec,
+            option="processor_path"
+            if processor_directory
+            else f"{spec.option} (or processor_path, a directory with the tokenizer files and preprocessor_config.json)",
+        )
         processor_directory = processor_directory or directory
-        require_files(processor_spec, processor_directory,
-                      ["preprocessor_config.json", ("tokenizer.json", "vocab.json")])
+        require_files(processor_spec, processor_directory, ["preprocessor_config.json", ("tokenizer.json", "vocab.json")])
         self.model = load_hf_model(spec, CLIPModel, directory).to(device, dtype)
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(str(processor_directory), local_files_only=True)
@@ -58,10 +62,9 @@ class HFClip:
         as torchmetrics does (a prompt longer than the context then loses its end token)."""
         if cut_after_tokenizing:
             tokens = self.tokenizer(prompts, padding=True, return_tensors="pt")
-            tokens = {k: v[:, :self.max_length] for k, v in tokens.items()}
+            tokens = {k: v[:, : self.max_length] for k, v in tokens.items()}
         else:
-            tokens = self.tokenizer(prompts, padding=True, truncation=True, max_length=self.max_length,
-                                    return_tensors="pt")
+            tokens = self.tokenizer(prompts, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt")
         input_ids, mask = tokens["input_ids"].to(self.device), tokens["attention_mask"].to(self.device)
         output = self.model.get_text_features(input_ids=input_ids, attention_mask=mask)
         return F.normalize(_pooled(output).float(), dim=-1)

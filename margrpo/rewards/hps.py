@@ -9,6 +9,7 @@ square images score the same either way. Weights: HPS_v2.1_compressed.pt / HPS_v
 open_clip state dict under 'state_dict', loaded strictly so a wrong file cannot go unnoticed.
 Needs open-clip-torch (imported when the reward is built).
 """
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,9 @@ PREPROCESS = {"letterbox": ImageTransform.clip_letterbox, "center_crop": ImageTr
 
 
 def weights_spec(version: str) -> WeightsSpec:
-    return WeightsSpec("hps", f"hps/{FILES[version]}",
-                       f"one file {FILES[version]}: an open_clip ViT-H-14 state dict under 'state_dict'", SOURCE)
+    return WeightsSpec(
+        "hps", f"hps/{FILES[version]}", f"one file {FILES[version]}: an open_clip ViT-H-14 state dict under 'state_dict'", SOURCE
+    )
 
 
 def build_open_clip(architecture: str, device: str | torch.device = "cpu"):
@@ -74,9 +76,16 @@ class HPSReward(Reward):
         preprocess: 'letterbox' (hpsv2.score's transform, default) or 'center_crop' (see above).
     """
 
-    def __init__(self, path: str | None = None, version: str = "2.1", architecture: str = "ViT-H-14",
-                 preprocess: str = "letterbox", device: str | None = None,
-                 dtype: torch.dtype | str = torch.float32, batch_size: int | None = None) -> None:
+    def __init__(
+        self,
+        path: str | None = None,
+        version: str = "2.1",
+        architecture: str = "ViT-H-14",
+        preprocess: str = "letterbox",
+        device: str | None = None,
+        dtype: torch.dtype | str = torch.float32,
+        batch_size: int | None = None,
+    ) -> None:
         super().__init__(device=device, dtype=dtype, batch_size=batch_size)
         if version not in FILES:
             raise ValueError(f"version: got {version!r}, expected one of {', '.join(FILES)}")

@@ -14,6 +14,7 @@ Prompt tokens: bert-base-uncased, padded/truncated to 35. Image: CLIP transform 
 The ViT size is read from the checkpoint (width, depth, patch, image size; 64-dim heads);
 the text encoder from med_config.json. Needs timm and transformers.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,7 +32,8 @@ from .registry import register
 from .weights import CorruptWeightsError, WeightsSpec, load_reporting, read_state_dict, require_files, resolve
 
 SPEC = WeightsSpec(
-    "image_reward", "image_reward",
+    "image_reward",
+    "image_reward",
     "a directory with ImageReward.pt, med_config.json and bert-base-uncased/ (vocab.txt and tokenizer config)",
     "https://huggingface.co/THUDM/ImageReward (ImageReward.pt, med_config.json) and "
     "https://huggingface.co/google-bert/bert-base-uncased (tokenizer)",
@@ -52,9 +54,8 @@ def vit_shape(state: dict[str, torch.Tensor], prefix: str = "blip.visual_encoder
     except KeyError as err:
         raise CorruptWeightsError(f"image_reward: checkpoint lacks {err.args[0]} ({SPEC.describe()})") from err
     depth = 1 + max(int(m.group(1)) for k in state if (m := re.match(rf"{re.escape(prefix)}blocks\.(\d+)\.", k)))
-    side = int(round(tokens ** 0.5))
-    return {"embed_dim": width, "depth": depth, "patch_size": patch, "img_size": side * patch,
-            "num_heads": max(width // HEAD_DIM, 1)}
+    side = int(round(tokens**0.5))
+    return {"embed_dim": width, "depth": depth, "patch_size": patch, "img_size": side * patch, "num_heads": max(width // HEAD_DIM, 1)}
 
 
 class ImageRewardNet(nn.Module):
@@ -68,16 +69,21 @@ class ImageRewardNet(nn.Module):
 
         self.blip: Any = nn.Module()  # a bare container, for the release's names; its children are set below
         self.blip.visual_encoder = VisionTransformer(
-            **vit, mlp_ratio=4.0, qkv_bias=True, norm_layer=partial(nn.LayerNorm, eps=1e-6),
-            num_classes=0, global_pool="")
+            **vit, mlp_ratio=4.0, qkv_bias=True, norm_layer=partial(nn.LayerNorm, eps=1e-6), num_classes=0, global_pool=""
+        )
         text_config = BlipTextConfig(
-            vocab_size=med_config["vocab_size"], hidden_size=med_config["hidden_size"],
-            intermediate_size=med_config["intermediate_size"], num_hidden_layers=med_config["num_hidden_layers"],
+            vocab_size=med_config["vocab_size"],
+            hidden_size=med_config["hidden_size"],
+            intermediate_size=med_config["intermediate_size"],
+            num_hidden_layers=med_config["num_hidden_layers"],
             num_attention_heads=med_config["num_attention_heads"],
             max_position_embeddings=med_config["max_position_embeddings"],
-            layer_norm_eps=med_config.get("layer_norm_eps", 1e-12), hidden_act=med_config.get("hidden_act", "gelu"),
-            encoder_hidden_size=vit["embed_dim"], pad_token_id=med_config.get("pad_token_id", 0),
-            bos_token_id=None, sep_token_id=None,  # generation-only ids; scoring never generates
+            layer_norm_eps=med_config.get("layer_norm_eps", 1e-12),
+            hidden_act=med_config.get("hidden_act", "gelu"),
+            encoder_hidden_size=vit["embed_dim"],
+            pad_token_id=med_config.get("pad_token_id", 0),
+            bos_token_id=None,
+            sep_token_id=None,  # generation-only ids; scoring never generates
             is_decoder=True,  # builds the cross-attention layers; forward runs bidirectionally
         )
         self.blip.text_encoder = BlipTextModel(text_config, add_pooling_layer=False)
@@ -90,9 +96,13 @@ class ImageRewardNet(nn.Module):
         """pixels [B, 3, S, S] normalised; tokens [B, L] -> normalised ImageReward scores [B]."""
         image_embeds = self.blip.visual_encoder.forward_features(pixels)
         image_mask = torch.ones(image_embeds.shape[:-1], dtype=torch.long, device=pixels.device)
-        text = self.blip.text_encoder(input_ids=input_ids, attention_mask=attention_mask,
-                                      encoder_hidden_states=image_embeds, encoder_attention_mask=image_mask,
-                                      is_decoder=False)
+        text = self.blip.text_encoder(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            encoder_hidden_states=image_embeds,
+            encoder_attention_mask=image_mask,
+            is_decoder=False,
+        )
         features = text.last_hidden_state[:, 0, :].float()
         return (self.mlp(features) - SCORE_MEAN) / SCORE_STD
 
@@ -101,8 +111,9 @@ class ImageRewardNet(nn.Module):
 class ImageReward(Reward):
     """ImageReward score per (image, prompt). path: the directory described in SPEC."""
 
-    def __init__(self, path: str | None = None, device: str | None = None,
-                 dtype: torch.dtype | str = torch.float32, batch_size: int | None = None) -> None:
+    def __init__(
+        self, path: str | None = None, device: str | None = None, dtype: torch.dtype | str = torch.float32, batch_size: int | None = None
+    ) -> None:
         super().__init__(device=device, dtype=dtype, batch_size=batch_size)
         directory = resolve(SPEC, path, kind="dir")
         require_files(SPEC, directory, ["ImageReward.pt", "med_config.json", "bert-base-uncased/vocab.txt"])
@@ -120,6 +131,7 @@ class ImageReward(Reward):
         self.transform = ImageTransform.clip(vit_shape(state)["img_size"])
 
     def score(self, images: torch.Tensor, prompts: list[str], metadata: Metadata) -> torch.Tensor:
-        tokens = self.tokenizer(prompts, padding="max_length", truncation=True, max_length=MAX_PROMPT_TOKENS,
-                                return_tensors="pt").to(self.device)
+        tokens = self.tokenizer(prompts, padding="max_length", truncation=True, max_length=MAX_PROMPT_TOKENS, return_tensors="pt").to(
+            self.device
+        )
         return self.net(self.transform(images, self.dtype), tokens["input_ids"], tokens["attention_mask"])

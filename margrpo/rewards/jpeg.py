@@ -3,6 +3,7 @@
 compressibility = -size in kB (smaller files score higher); incompressibility = +size in kB.
 Encoding runs on the CPU through Pillow, one image at a time (the codec has no batched form).
 """
+
 from __future__ import annotations
 
 import io
@@ -29,8 +30,9 @@ def jpeg_kilobytes(images: torch.Tensor, quality: int = 95) -> torch.Tensor:
 class _JpegSize(Reward):
     sign = 1.0
 
-    def __init__(self, quality: int = 95, device: str | None = "cpu", dtype: torch.dtype | str = torch.float32,
-                 batch_size: int | None = None) -> None:
+    def __init__(
+        self, quality: int = 95, device: str | None = "cpu", dtype: torch.dtype | str = torch.float32, batch_size: int | None = None
+    ) -> None:
         super().__init__(device=device, dtype=dtype, batch_size=batch_size)
         if not 1 <= quality <= 100:
             raise ValueError(f"quality: got {quality}, expected an integer in [1, 100]")

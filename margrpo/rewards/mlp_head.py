@@ -4,6 +4,7 @@ Linear(in, 1024) -> Dropout -> Linear(1024, 128) -> Dropout -> Linear(128, 64) -
 Linear(64, 16) -> Linear(16, 1), with no activations: both published checkpoints were trained with
 the ReLUs commented out. Parameter names layers.{0,2,4,6,7}.* match both checkpoints.
 """
+
 from __future__ import annotations
 
 import torch
@@ -16,9 +17,12 @@ class ScoreMLP(nn.Module):
     def __init__(self, input_size: int) -> None:
         super().__init__()
         self.layers = nn.Sequential(
-            nn.Linear(input_size, 1024), nn.Dropout(0.2),
-            nn.Linear(1024, 128), nn.Dropout(0.2),
-            nn.Linear(128, 64), nn.Dropout(0.1),
+            nn.Linear(input_size, 1024),
+            nn.Dropout(0.2),
+            nn.Linear(1024, 128),
+            nn.Dropout(0.2),
+            nn.Linear(128, 64),
+            nn.Dropout(0.1),
             nn.Linear(64, 16),
             nn.Linear(16, 1),
         )

@@ -11,6 +11,7 @@ through PIL per image):
 Resizing uses antialiased interpolation, which follows PIL's filters when shrinking and is what
 torchvision applies to tensors.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,7 +46,7 @@ def center_crop(images: torch.Tensor, height: int, width: int) -> torch.Tensor:
     if height > h or width > w:
         raise ValueError(f"center_crop: crop {height}x{width} is larger than the image {h}x{w}")
     top, left = int(round((h - height) / 2.0)), int(round((w - width) / 2.0))
-    return images[..., top:top + height, left:left + width]
+    return images[..., top : top + height, left : left + width]
 
 
 def resize_long_edge_and_pad(images: torch.Tensor, size: int, mode: str = "bicubic") -> torch.Tensor:
@@ -81,8 +82,10 @@ class ImageTransform:
 
     def __post_init__(self) -> None:
         if self.letterbox and (self.crop is not None or self.max_size is not None):
-            raise ValueError(f"ImageTransform: letterbox pads to {self.size}x{self.size}; got crop={self.crop}, "
-                             f"max_size={self.max_size}, expected None for both")
+            raise ValueError(
+                f"ImageTransform: letterbox pads to {self.size}x{self.size}; got crop={self.crop}, "
+                f"max_size={self.max_size}, expected None for both"
+            )
 
     def __call__(self, images: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
         x = images.float()
@@ -130,5 +133,11 @@ class ImageTransform:
         resample = cfg.get("resample", 3)
         if resample not in _RESAMPLE:
             raise ValueError(f"{path}: resample {resample} is not supported, expected one of {sorted(_RESAMPLE)}")
-        return cls(size=shortest, crop=crop, mean=tuple(cfg.get("image_mean", CLIP_MEAN)),
-                   std=tuple(cfg.get("image_std", CLIP_STD)), mode=_RESAMPLE[resample], max_size=longest)
+        return cls(
+            size=shortest,
+            crop=crop,
+            mean=tuple(cfg.get("image_mean", CLIP_MEAN)),
+            std=tuple(cfg.get("image_std", CLIP_STD)),
+            mode=_RESAMPLE[resample],
+            max_size=longest,
+        )

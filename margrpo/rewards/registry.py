@@ -1,4 +1,5 @@
 """Rewards by name, as configs refer to them (`rewards: {hps: 1.0, shapes: 0.5}`)."""
+
 from __future__ import annotations
 
 import inspect

@@ -20,6 +20,7 @@ Limits (each a flag):
 A malformed request (bad Content-Length, payload, or an image without pixels) gets 400, which the
 client does not retry.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,14 +53,24 @@ class RewardServer:
     the limits of the module docstring.
     """
 
-    def __init__(self, rewards: Mapping[str, Reward], host: str = "127.0.0.1", port: int = 8765, *,
-                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_concurrent: int = DEFAULT_MAX_CONCURRENT,
-                 read_timeout: float = DEFAULT_READ_TIMEOUT, token: str | None = None) -> None:
+    def __init__(
+        self,
+        rewards: Mapping[str, Reward],
+        host: str = "127.0.0.1",
+        port: int = 8765,
+        *,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_concurrent: int = DEFAULT_MAX_CONCURRENT,
+        read_timeout: float = DEFAULT_READ_TIMEOUT,
+        token: str | None = None,
+    ) -> None:
         if not rewards:
             raise ValueError("rewards: got none, expected at least one reward to serve")
         if max_body_bytes < 1 or max_concurrent < 1 or not read_timeout > 0:
-            raise ValueError(f"max_body_bytes/max_concurrent/read_timeout: got {max_body_bytes}/{max_concurrent}/"
-                             f"{read_timeout}, expected >= 1 / >= 1 / > 0")
+            raise ValueError(
+                f"max_body_bytes/max_concurrent/read_timeout: got {max_body_bytes}/{max_concurrent}/"
+                f"{read_timeout}, expected >= 1 / >= 1 / > 0"
+            )
         self.rewards = dict(rewards)
         self.locks = {name: threading.Lock() for name in self.rewards}
         self.max_body_bytes, self.max_concurrent, self.read_timeout = max_body_bytes, max_concurrent, read_timeout
@@ -109,9 +120,11 @@ def non_loopback_warning(host: str, token: str | None) -> str | None:
         loopback = False
     if loopback:
         return None
-    advice = ("requests need the token, but travel unencrypted (plain HTTP): keep the port on a trusted network"
-              if token else f"anyone who reaches the port can use the reward models: --token (or ${TOKEN_ENV}) "
-              "is advised")
+    advice = (
+        "requests need the token, but travel unencrypted (plain HTTP): keep the port on a trusted network"
+        if token
+        else f"anyone who reaches the port can use the reward models: --token (or ${TOKEN_ENV}) is advised"
+    )
     return f"margrpo serve-reward: warning: binding {host or 'every interface'!r}, not loopback; {advice}"
 
 
@@ -181,18 +194,19 @@ def _handler_for(server: RewardServer) -> type[BaseHTTPRequestHandler]:
                 self._error(400, f"Content-Length: got {header!r}, expected a positive integer")
                 return
             prefix = "/score/"
-            name = self.path[len(prefix):] if self.path.startswith(prefix) else None
+            name = self.path[len(prefix) :] if self.path.startswith(prefix) else None
             if not server.authorized(self.headers.get("Authorization")):
                 self._refuse(401, "Authorization: expected 'Bearer <token>' with the server's token", length)
             elif name not in server.rewards:
-                self._refuse(404, f"reward {name!r} is not served here; serving: {', '.join(sorted(server.rewards))}",
-                             length)
+                self._refuse(404, f"reward {name!r} is not served here; serving: {', '.join(sorted(server.rewards))}", length)
             elif length > server.max_body_bytes:
-                self._refuse(413, f"Content-Length: got {length}, expected at most {server.max_body_bytes} "
-                             "(the server's --max-body-mb)", length)
+                self._refuse(
+                    413, f"Content-Length: got {length}, expected at most {server.max_body_bytes} (the server's --max-body-mb)", length
+                )
             elif not server.slots.acquire(blocking=False):
-                self._refuse(503, f"busy: {server.max_concurrent} requests in progress (the server's "
-                             "--max-concurrent); retry later", length)
+                self._refuse(
+                    503, f"busy: {server.max_concurrent} requests in progress (the server's --max-concurrent); retry later", length
+                )
             else:
                 try:
                     reply = self._score(name, length)
@@ -255,11 +269,13 @@ def rewards_from_args(args: argparse.Namespace) -> dict[str, Reward]:
 
 def _positive(kind: type) -> Any:
     """An argparse type: a number of `kind` > 0 (checked before the rewards load, which may take minutes)."""
+
     def parse(text: str) -> Any:
         value = kind(text)
         if not value > 0:
             raise argparse.ArgumentTypeError(f"got {text}, expected a number > 0")
         return value
+
     return parse
 
 
@@ -269,19 +285,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reward", action="append", default=[], help="a reward to serve (repeatable)")
     parser.add_argument("--option", action="append", default=[], help="NAME.KEY=VALUE reward option (repeatable)")
     parser.add_argument("--config", help="YAML mapping: name -> options (optional key 'reward' picks the type)")
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="bind address (default loopback; another one prints a warning: use --token)")
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default loopback; another one prints a warning: use --token)")
     parser.add_argument("--port", type=int, default=8765)
-    parser.add_argument("--token", default=os.environ.get(TOKEN_ENV),
-                        help=f"shared token POST requests must send as 'Authorization: Bearer TOKEN' "
-                             f"(default ${TOKEN_ENV}; unset: no authentication)")
-    parser.add_argument("--max-body-mb", type=_positive(float), default=DEFAULT_MAX_BODY_BYTES / (1 << 20),
-                        help="largest request body in MiB; larger ones get 413 (default %(default)g)")
-    parser.add_argument("--max-concurrent", type=_positive(int), default=DEFAULT_MAX_CONCURRENT,
-                        help="requests read and scored at once; more get 503 (default %(default)s)")
-    parser.add_argument("--read-timeout", type=_positive(float), default=DEFAULT_READ_TIMEOUT,
-                        help="seconds a socket read may wait for data before the connection is dropped "
-                             "(default %(default)g)")
+    parser.add_argument(
+        "--token",
+        default=os.environ.get(TOKEN_ENV),
+        help=f"shared token POST requests must send as 'Authorization: Bearer TOKEN' (default ${TOKEN_ENV}; unset: no authentication)",
+    )
+    parser.add_argument(
+        "--max-body-mb",
+        type=_positive(float),
+        default=DEFAULT_MAX_BODY_BYTES / (1 << 20),
+        help="largest request body in MiB; larger ones get 413 (default %(default)g)",
+    )
+    parser.add_argument(
+        "--max-concurrent",
+        type=_positive(int),
+        default=DEFAULT_MAX_CONCURRENT,
+        help="requests read and scored at once; more get 503 (default %(default)s)",
+    )
+    parser.add_argument(
+        "--read-timeout",
+        type=_positive(float),
+        default=DEFAULT_READ_TIMEOUT,
+        help="seconds a socket read may wait for data before the connection is dropped (default %(default)g)",
+    )
     args = parser.parse_args(argv)
     try:
         rewards = rewards_from_args(args)
@@ -291,8 +319,15 @@ def main(argv: list[str] | None = None) -> int:
     if warning:
         print(warning, file=sys.stderr, flush=True)
     max_body_bytes = max(1, int(args.max_body_mb * (1 << 20)))
-    server = RewardServer(rewards, host=args.host, port=args.port, max_body_bytes=max_body_bytes,
-                          max_concurrent=args.max_concurrent, read_timeout=args.read_timeout, token=args.token)
+    server = RewardServer(
+        rewards,
+        host=args.host,
+        port=args.port,
+        max_body_bytes=max_body_bytes,
+        max_concurrent=args.max_concurrent,
+        read_timeout=args.read_timeout,
+        token=args.token,
+    )
     print(f"margrpo serve-reward: serving {', '.join(sorted(server.rewards))} at {server.url}", flush=True)
     try:
         server.serve_forever()

@@ -1,4 +1,5 @@
 """The ShapesWorld verifier as a reward: exact scores of the testbed's procedural scenes."""
+
 from __future__ import annotations
 
 import torch
@@ -20,8 +21,14 @@ class ShapesReward(Reward):
             whose value moves with small changes of an image; evaluations use the exact scores.
     """
 
-    def __init__(self, category: str = "overall", partial_credit: bool = False, device: str | None = "cpu",
-                 dtype: torch.dtype | str = torch.float32, batch_size: int | None = None) -> None:
+    def __init__(
+        self,
+        category: str = "overall",
+        partial_credit: bool = False,
+        device: str | None = "cpu",
+        dtype: torch.dtype | str = torch.float32,
+        batch_size: int | None = None,
+    ) -> None:
         super().__init__(device=device, dtype=dtype, batch_size=batch_size)
         if category not in CATEGORIES:
             raise ValueError(f"category: got {category!r}, expected one of {', '.join(CATEGORIES)}")

@@ -10,6 +10,7 @@ benchmark writes and reads back).
 Tokenizer vocabularies are always small; the models' embedding tables keep the real sizes at 'full'.
 Random inits are widened where a library zero-initialises tensors, so every layer affects the score.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,12 +23,33 @@ import torch
 from .preprocess import CLIP_MEAN, CLIP_STD, IMAGENET_MEAN, IMAGENET_STD
 
 SIZES = ("tiny", "full")
-BERT_WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "yes", "no", "a", "red", "cat", "dog", "dogs", "two",
-              "left", "of", "?", ".", "is", "there"]
+BERT_WORDS = [
+    "[PAD]",
+    "[UNK]",
+    "[CLS]",
+    "[SEP]",
+    "[MASK]",
+    "yes",
+    "no",
+    "a",
+    "red",
+    "cat",
+    "dog",
+    "dogs",
+    "two",
+    "left",
+    "of",
+    "?",
+    ".",
+    "is",
+    "there",
+]
 # open_clip model configs (the built-in ViT-H-14 is 'full')
-OPEN_CLIP_TINY = {"embed_dim": 16,
-                  "vision_cfg": {"image_size": 32, "layers": 1, "width": 32, "head_width": 16, "patch_size": 8},
-                  "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1}}
+OPEN_CLIP_TINY = {
+    "embed_dim": 16,
+    "vision_cfg": {"image_size": 32, "layers": 1, "width": 32, "head_width": 16, "patch_size": 8},
+    "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1},
+}
 
 
 def _check_size(size: str) -> None:
@@ -60,11 +82,24 @@ def write_clip_tokenizer(directory: Path) -> dict[str, int]:
 
 def write_clip_processor(directory: Path, size: int) -> None:
     """preprocessor_config.json of a CLIPImageProcessor (bicubic shortest-edge resize, crop, CLIP stats)."""
-    (directory / "preprocessor_config.json").write_text(json.dumps({
-        "image_processor_type": "CLIPImageProcessor", "do_resize": True, "size": {"shortest_edge": size},
-        "resample": 3, "do_center_crop": True, "crop_size": {"height": size, "width": size}, "do_rescale": True,
-        "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": list(CLIP_MEAN), "image_std": list(CLIP_STD),
-        "do_convert_rgb": True}))
+    (directory / "preprocessor_config.json").write_text(
+        json.dumps(
+            {
+                "image_processor_type": "CLIPImageProcessor",
+                "do_resize": True,
+                "size": {"shortest_edge": size},
+                "resample": 3,
+                "do_center_crop": True,
+                "crop_size": {"height": size, "width": size},
+                "do_rescale": True,
+                "rescale_factor": 1 / 255,
+                "do_normalize": True,
+                "image_mean": list(CLIP_MEAN),
+                "image_std": list(CLIP_STD),
+                "do_convert_rgb": True,
+            }
+        )
+    )
 
 
 def write_bert_vocab(directory: Path) -> None:
@@ -83,22 +118,49 @@ def write_hf_clip(directory: Path, size: str, seed: int, large: bool = False, dt
     text: dict[str, Any]  # config values of every type (ints, strings, lists)
     vision: dict[str, Any]
     if size == "tiny":
-        text = dict(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                    num_attention_heads=2, max_position_embeddings=16, **special)
-        vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                      image_size=32, patch_size=8)
+        text = dict(
+            vocab_size=len(vocab),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            max_position_embeddings=16,
+            **special,
+        )
+        vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=32, patch_size=8)
         projection, image_size = 16, 32
     elif large:  # ViT-H-14 (PickScore)
-        text = dict(vocab_size=49408, hidden_size=1024, intermediate_size=4096, num_hidden_layers=24,
-                    num_attention_heads=16, max_position_embeddings=77, hidden_act="gelu", **special)
-        vision = dict(hidden_size=1280, intermediate_size=5120, num_hidden_layers=32, num_attention_heads=16,
-                      image_size=224, patch_size=14, hidden_act="gelu")
+        text = dict(
+            vocab_size=49408,
+            hidden_size=1024,
+            intermediate_size=4096,
+            num_hidden_layers=24,
+            num_attention_heads=16,
+            max_position_embeddings=77,
+            hidden_act="gelu",
+            **special,
+        )
+        vision = dict(
+            hidden_size=1280,
+            intermediate_size=5120,
+            num_hidden_layers=32,
+            num_attention_heads=16,
+            image_size=224,
+            patch_size=14,
+            hidden_act="gelu",
+        )
         projection, image_size = 1024, 224
     else:  # ViT-L/14 (openai/clip-vit-large-patch14)
-        text = dict(vocab_size=49408, hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
-                    num_attention_heads=12, max_position_embeddings=77, **special)
-        vision = dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
-                      image_size=224, patch_size=14)
+        text = dict(
+            vocab_size=49408,
+            hidden_size=768,
+            intermediate_size=3072,
+            num_hidden_layers=12,
+            num_attention_heads=12,
+            max_position_embeddings=77,
+            **special,
+        )
+        vision = dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16, image_size=224, patch_size=14)
         projection, image_size = 768, 224
     write_clip_processor(directory, image_size)
     torch.manual_seed(seed)
@@ -122,8 +184,10 @@ def write_hps(root: Path, size: str = "tiny", dtype: torch.dtype | None = None) 
         model = open_clip.create_model("ViT-H-14", pretrained=None, **OPEN_CLIP_TINY)
     else:
         model = open_clip.create_model("ViT-H-14", pretrained=None)
-    state = {k: v.to(device="cpu", dtype=dtype if dtype is not None and v.is_floating_point() else v.dtype)
-             for k, v in model.state_dict().items()}
+    state = {
+        k: v.to(device="cpu", dtype=dtype if dtype is not None and v.is_floating_point() else v.dtype)
+        for k, v in model.state_dict().items()
+    }
     torch.save({"state_dict": state}, options["path"])
     return options
 
@@ -137,15 +201,35 @@ def write_image_reward(root: Path, size: str = "tiny") -> dict:
     write_bert_vocab(directory / "bert-base-uncased")
     med: dict[str, Any]  # updated below with lists, floats and strings
     if size == "tiny":
-        med = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
-               "max_position_embeddings": 40, "vocab_size": len(BERT_WORDS) + 2}
+        med = {
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "max_position_embeddings": 40,
+            "vocab_size": len(BERT_WORDS) + 2,
+        }
         vit = {"embed_dim": 64, "depth": 2, "patch_size": 8, "img_size": 32, "num_heads": 1}
     else:  # BLIP ViT-L/16 at 224 and BERT-base with cross-attention (the release's med_config.json)
-        med = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
-               "max_position_embeddings": 512, "vocab_size": 30524}
+        med = {
+            "hidden_size": 768,
+            "intermediate_size": 3072,
+            "num_hidden_layers": 12,
+            "num_attention_heads": 12,
+            "max_position_embeddings": 512,
+            "vocab_size": 30524,
+        }
         vit = {"embed_dim": 1024, "depth": 24, "patch_size": 16, "img_size": 224, "num_heads": 16}
-    med.update({"architectures": ["BertModel"], "layer_norm_eps": 1e-12, "hidden_act": "gelu", "model_type": "bert",
-                "add_cross_attention": True, "encoder_width": vit["embed_dim"]})
+    med.update(
+        {
+            "architectures": ["BertModel"],
+            "layer_norm_eps": 1e-12,
+            "hidden_act": "gelu",
+            "model_type": "bert",
+            "add_cross_attention": True,
+            "encoder_width": vit["embed_dim"],
+        }
+    )
     (directory / "med_config.json").write_text(json.dumps(med))
     torch.manual_seed(2)
     net = ImageRewardNet(vit, med)
@@ -202,16 +286,32 @@ def write_git(root: Path, size: str = "tiny") -> dict:
     write_bert_vocab(directory)
     special = dict(bos_token_id=2, eos_token_id=3, pad_token_id=0)
     if size == "tiny":
-        config = GitConfig(vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                              num_attention_heads=2, image_size=32, patch_size=8),
-                           vocab_size=len(BERT_WORDS), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                           intermediate_size=64, max_position_embeddings=64, **special)
+        config = GitConfig(
+            vision_config=dict(
+                hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=32, patch_size=8
+            ),
+            vocab_size=len(BERT_WORDS),
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=64,
+            **special,
+        )
         image_size = 32
     else:  # GIT-large: CLIP ViT-L/14 image encoder, 6-layer BERT-base-width decoder
-        config = GitConfig(vision_config=dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24,
-                                              num_attention_heads=16, image_size=420, patch_size=14),
-                           vocab_size=30522, hidden_size=768, num_hidden_layers=6, num_attention_heads=12,
-                           intermediate_size=3072, max_position_embeddings=1024, **special)
+        config = GitConfig(
+            vision_config=dict(
+                hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16, image_size=420, patch_size=14
+            ),
+            vocab_size=30522,
+            hidden_size=768,
+            num_hidden_layers=6,
+            num_attention_heads=12,
+            intermediate_size=3072,
+            max_position_embeddings=1024,
+            **special,
+        )
         image_size = 420
     write_clip_processor(directory, image_size)
     torch.manual_seed(7)
@@ -231,19 +331,52 @@ def write_grounding_dino(root: Path, size: str = "tiny") -> dict:
     directory = root / "grounding-dino-tiny"
     write_bert_vocab(directory)
     shortest, longest = (64, 100) if size == "tiny" else (800, 1333)
-    (directory / "preprocessor_config.json").write_text(json.dumps({
-        "image_processor_type": "GroundingDinoImageProcessor", "do_resize": True, "resample": 2,
-        "size": {"shortest_edge": shortest, "longest_edge": longest}, "do_rescale": True, "rescale_factor": 1 / 255,
-        "do_normalize": True, "image_mean": list(IMAGENET_MEAN), "image_std": list(IMAGENET_STD), "do_pad": True}))
+    (directory / "preprocessor_config.json").write_text(
+        json.dumps(
+            {
+                "image_processor_type": "GroundingDinoImageProcessor",
+                "do_resize": True,
+                "resample": 2,
+                "size": {"shortest_edge": shortest, "longest_edge": longest},
+                "do_rescale": True,
+                "rescale_factor": 1 / 255,
+                "do_normalize": True,
+                "image_mean": list(IMAGENET_MEAN),
+                "image_std": list(IMAGENET_STD),
+                "do_pad": True,
+            }
+        )
+    )
     if size == "tiny":
         config = GroundingDinoConfig(
-            backbone_config=SwinConfig(embed_dim=16, depths=[1, 1, 1, 1], num_heads=[1, 1, 2, 2], window_size=4,
-                                       image_size=64, out_features=["stage2", "stage3", "stage4"]),
-            text_config=BertConfig(vocab_size=len(BERT_WORDS), hidden_size=32, num_hidden_layers=1,
-                                   num_attention_heads=2, intermediate_size=64, max_position_embeddings=64),
-            d_model=32, encoder_layers=1, decoder_layers=2, num_queries=12, encoder_ffn_dim=64, decoder_ffn_dim=64,
-            encoder_attention_heads=2, decoder_attention_heads=2, max_text_len=32, use_pretrained_backbone=False,
-            use_timm_backbone=False)
+            backbone_config=SwinConfig(
+                embed_dim=16,
+                depths=[1, 1, 1, 1],
+                num_heads=[1, 1, 2, 2],
+                window_size=4,
+                image_size=64,
+                out_features=["stage2", "stage3", "stage4"],
+            ),
+            text_config=BertConfig(
+                vocab_size=len(BERT_WORDS),
+                hidden_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                intermediate_size=64,
+                max_position_embeddings=64,
+            ),
+            d_model=32,
+            encoder_layers=1,
+            decoder_layers=2,
+            num_queries=12,
+            encoder_ffn_dim=64,
+            decoder_ffn_dim=64,
+            encoder_attention_heads=2,
+            decoder_attention_heads=2,
+            max_text_len=32,
+            use_pretrained_backbone=False,
+            use_timm_backbone=False,
+        )
     else:  # the library defaults are grounding-dino-tiny: Swin-T, BERT-base, 6+6 layers, 900 queries
         config = GroundingDinoConfig(use_pretrained_backbone=False, use_timm_backbone=False)
     torch.manual_seed(8)
@@ -251,16 +384,23 @@ def write_grounding_dino(root: Path, size: str = "tiny") -> dict:
     return {"path": str(directory)}
 
 
-WRITERS: dict[str, Callable[..., dict]] = {"hps": write_hps, "image_reward": write_image_reward, "pickscore": write_pickscore,
-           "clipscore": write_clipscore, "aesthetic": write_aesthetic, "git_vqa": write_git,
-           "grounding_dino": write_grounding_dino}
+WRITERS: dict[str, Callable[..., dict]] = {
+    "hps": write_hps,
+    "image_reward": write_image_reward,
+    "pickscore": write_pickscore,
+    "clipscore": write_clipscore,
+    "aesthetic": write_aesthetic,
+    "git_vqa": write_git,
+    "grounding_dino": write_grounding_dino,
+}
 
 
 DTYPED = ("hps", "pickscore", "clipscore", "aesthetic")  # writers that store the weights in a given dtype
 
 
-def write(name: str, root: str | Path, size: str = "tiny", device: str | torch.device = "cpu",
-          dtype: torch.dtype | str | None = None) -> dict:
+def write(
+    name: str, root: str | Path, size: str = "tiny", device: str | torch.device = "cpu", dtype: torch.dtype | str | None = None
+) -> dict:
     """Write random-init weights for reward `name` under `root`; returns its path options. The model
     is drawn on `device` (the files hold CPU tensors either way); dtype (hps and the CLIP rewards):
     the stored weights' dtype (None: float32)."""

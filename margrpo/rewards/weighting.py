@@ -10,6 +10,7 @@ Normalization of each reward's raw scores before weighting:
   running  z-score with exponential moving averages of mean and variance across calls, so a
            reward's scale is tracked even when one batch is small.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -99,7 +100,7 @@ class WeightedReward:
         if term.normalize == "running":
             term.stats.update(raw)
             assert term.stats.mean is not None  # update() sets it
-            return (raw - term.stats.mean) / (term.stats.var ** 0.5 + self.eps)
+            return (raw - term.stats.mean) / (term.stats.var**0.5 + self.eps)
         return raw
 
     def __call__(self, images: torch.Tensor, prompts: Sequence[str], metadata: Metadata | None = None) -> RewardResult:
@@ -113,8 +114,7 @@ class WeightedReward:
         return RewardResult(total=total, raw=raw, normalized=normalized)
 
 
-def build_rewards(spec: Mapping[str, float | Mapping[str, Any]], normalize: str = "none",
-                  **common: Any) -> WeightedReward:
+def build_rewards(spec: Mapping[str, float | Mapping[str, Any]], normalize: str = "none", **common: Any) -> WeightedReward:
     """Build a WeightedReward from a config mapping (see the module doc). `normalize` is the default
     for terms that do not set their own; `common` options (e.g. device) go to every reward."""
     terms = []

@@ -5,6 +5,7 @@ environment variable MARGRPO_WEIGHTS_DIR in the reward's standard layout. A miss
 MissingWeightsError naming the file, the layout expected, and where the authors publish it; a file
 that cannot be read or does not fit the model raises CorruptWeightsError naming the file.
 """
+
 from __future__ import annotations
 
 import json
@@ -65,12 +66,10 @@ def resolve(spec: WeightsSpec, path: str | os.PathLike | None, kind: str = "file
     wrong_kind = path.is_file() if kind == "dir" else path.is_dir()
     if wrong_kind:
         got = "a file" if kind == "dir" else "a directory"
-        raise MissingWeightsError(f"{spec.reward}: option {spec.option}={path} is {got}, expected a {kind} "
-                                  f"({spec.describe()})")
+        raise MissingWeightsError(f"{spec.reward}: option {spec.option}={path} is {got}, expected a {kind} ({spec.describe()})")
     exists = path.is_dir() if kind == "dir" else path.is_file()
     if not exists:
-        raise MissingWeightsError(f"{spec.reward}: weights {kind} not found: {path} (option {spec.option}; "
-                                  f"{spec.describe()})")
+        raise MissingWeightsError(f"{spec.reward}: weights {kind} not found: {path} (option {spec.option}; {spec.describe()})")
     return path
 
 
@@ -107,7 +106,7 @@ def read_state_dict(spec: WeightsSpec, path: Path) -> dict[str, torch.Tensor]:
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise CorruptWeightsError(f"{spec.reward}: {path} does not hold a dict of tensors ({spec.describe()})")
     if state and all(k.startswith("module.") for k in state):
-        state = {k[len("module."):]: v for k, v in state.items()}
+        state = {k[len("module.") :]: v for k, v in state.items()}
     return state
 
 
@@ -120,13 +119,17 @@ def _compare_keys(module: nn.Module, state: dict[str, torch.Tensor]) -> tuple[li
     expected = module.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
-    wrong = [f"{k}: file {tuple(state[k].shape)} vs model {tuple(expected[k].shape)}"
-             for k in expected if k in state and state[k].shape != expected[k].shape]
+    wrong = [
+        f"{k}: file {tuple(state[k].shape)} vs model {tuple(expected[k].shape)}"
+        for k in expected
+        if k in state and state[k].shape != expected[k].shape
+    ]
     return missing, unexpected, wrong
 
 
-def load_exact(spec: WeightsSpec, module: nn.Module, state: dict[str, torch.Tensor], path: Path,
-               ignore_prefixes: tuple[str, ...] = ()) -> None:
+def load_exact(
+    spec: WeightsSpec, module: nn.Module, state: dict[str, torch.Tensor], path: Path, ignore_prefixes: tuple[str, ...] = ()
+) -> None:
     """Load `state` into `module`, requiring every parameter to be present with the right shape.
 
     Keys starting with one of `ignore_prefixes` (parts of the checkpoint a reward does not use)
@@ -135,18 +138,25 @@ def load_exact(spec: WeightsSpec, module: nn.Module, state: dict[str, torch.Tens
     state = {k: v for k, v in state.items() if not k.startswith(ignore_prefixes)}
     missing, unexpected, wrong = _compare_keys(module, state)
     if missing or unexpected or wrong:
-        problems = [f"{len(missing)} missing keys: {_listed(missing)}" if missing else "",
-                    f"{len(unexpected)} unexpected keys: {_listed(unexpected)}" if unexpected else "",
-                    f"{len(wrong)} shape mismatches: {_listed(wrong)}" if wrong else ""]
+        problems = [
+            f"{len(missing)} missing keys: {_listed(missing)}" if missing else "",
+            f"{len(unexpected)} unexpected keys: {_listed(unexpected)}" if unexpected else "",
+            f"{len(wrong)} shape mismatches: {_listed(wrong)}" if wrong else "",
+        ]
         raise CorruptWeightsError(
-            f"{spec.reward}: weights file {path} does not match the model: "
-            f"{'; '.join(p for p in problems if p)} ({spec.describe()})"
+            f"{spec.reward}: weights file {path} does not match the model: {'; '.join(p for p in problems if p)} ({spec.describe()})"
         )
     module.load_state_dict(state, strict=True)
 
 
-def load_reporting(spec: WeightsSpec, module: nn.Module, state: dict[str, torch.Tensor], path: Path,
-                   essential_prefixes: tuple[str, ...], ignore_prefixes: tuple[str, ...] = ()) -> None:
+def load_reporting(
+    spec: WeightsSpec,
+    module: nn.Module,
+    state: dict[str, torch.Tensor],
+    path: Path,
+    essential_prefixes: tuple[str, ...],
+    ignore_prefixes: tuple[str, ...] = (),
+) -> None:
     """Load `state` non-strictly, as an official loader with strict=False does, but say what it skips.
 
     A missing key under one of `essential_prefixes` (the parts the score is computed from) or any
@@ -156,18 +166,24 @@ def load_reporting(spec: WeightsSpec, module: nn.Module, state: dict[str, torch.
     missing, unexpected, wrong = _compare_keys(module, state)
     essential_missing = [k for k in missing if k.startswith(essential_prefixes)]
     if essential_missing or wrong:
-        problems = [f"{len(essential_missing)} missing keys the score needs: {_listed(essential_missing)}"
-                    if essential_missing else "", f"{len(wrong)} shape mismatches: {_listed(wrong)}" if wrong else ""]
+        problems = [
+            f"{len(essential_missing)} missing keys the score needs: {_listed(essential_missing)}" if essential_missing else "",
+            f"{len(wrong)} shape mismatches: {_listed(wrong)}" if wrong else "",
+        ]
         raise CorruptWeightsError(
-            f"{spec.reward}: weights file {path} does not fit the model: "
-            f"{'; '.join(p for p in problems if p)} ({spec.describe()})"
+            f"{spec.reward}: weights file {path} does not fit the model: {'; '.join(p for p in problems if p)} ({spec.describe()})"
         )
     if missing or unexpected:
         warnings.warn(
             f"{spec.reward}: weights file {path}: loaded non-strictly; "
-            + "; ".join(p for p in [f"{len(unexpected)} unexpected keys ignored: {', '.join(unexpected)}" if unexpected
-                                    else "", f"{len(missing)} missing keys left at init (not used by the score): "
-                                    f"{', '.join(missing)}" if missing else ""] if p),
+            + "; ".join(
+                p
+                for p in [
+                    f"{len(unexpected)} unexpected keys ignored: {', '.join(unexpected)}" if unexpected else "",
+                    f"{len(missing)} missing keys left at init (not used by the score): {', '.join(missing)}" if missing else "",
+                ]
+                if p
+            ),
             stacklevel=3,
         )
     module.load_state_dict(state, strict=False)
@@ -178,14 +194,16 @@ def load_hf_model(spec: WeightsSpec, model_cls, directory: Path):
     model.safetensors or pytorch_model.bin, possibly sharded). Never contacts the hub; a checkpoint
     that leaves parameters uninitialised is a CorruptWeightsError instead of a silent random init.
     A directory of another model type (config.json's model_type) is refused before loading."""
-    require_files(spec, directory, ["config.json", ("model.safetensors", "model.safetensors.index.json",
-                                                    "pytorch_model.bin", "pytorch_model.bin.index.json")])
+    require_files(
+        spec,
+        directory,
+        ["config.json", ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")],
+    )
     expected_type = model_cls.config_class.model_type
     try:
         got_type = json.loads((directory / "config.json").read_text()).get("model_type")
     except (OSError, ValueError, AttributeError) as err:
-        raise CorruptWeightsError(f"{spec.reward}: cannot read {directory / 'config.json'}: {err} "
-                                  f"({spec.describe()})") from err
+        raise CorruptWeightsError(f"{spec.reward}: cannot read {directory / 'config.json'}: {err} ({spec.describe()})") from err
     if got_type != expected_type:
         raise CorruptWeightsError(
             f"{spec.reward}: option {spec.option}={directory} holds a {got_type!r} model (config.json model_type), "
@@ -195,8 +213,7 @@ def load_hf_model(spec: WeightsSpec, model_cls, directory: Path):
         model, info = model_cls.from_pretrained(str(directory), local_files_only=True, output_loading_info=True)
     except Exception as err:
         raise CorruptWeightsError(
-            f"{spec.reward}: cannot load {model_cls.__name__} from {directory}: {type(err).__name__}: {err} "
-            f"({spec.describe()})"
+            f"{spec.reward}: cannot load {model_cls.__name__} from {directory}: {type(err).__name__}: {err} ({spec.describe()})"
         ) from err
     missing = list(info.get("missing_keys", [])) + list(info.get("mismatched_keys", []))
     if missing:

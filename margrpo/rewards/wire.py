@@ -5,6 +5,7 @@ safetensors text header, "prompts" and "metadata" as JSON. Reply: tensor "scores
 Compact (a 512x512 RGB image is 768 KiB as uint8, no per-image PNG/base64 encoding) and safe to
 parse (no pickle). Errors travel as JSON {"error": message} with a 4xx/5xx status.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,7 @@ class PayloadError(ValueError):
     """A request or reply that does not follow the wire format."""
 
 
-def encode_request(images: torch.Tensor, prompts: list[str], metadata: list[dict[str, Any]] | None,
-                   wire_dtype: str = "uint8") -> bytes:
+def encode_request(images: torch.Tensor, prompts: list[str], metadata: list[dict[str, Any]] | None, wire_dtype: str = "uint8") -> bytes:
     """images float [B, 3, H, W] in [0, 1] -> bytes."""
     if wire_dtype not in WIRE_DTYPES:
         raise ValueError(f"wire_dtype: got {wire_dtype!r}, expected one of {', '.join(WIRE_DTYPES)}")
@@ -46,8 +46,10 @@ def decode_request(body: bytes) -> tuple[torch.Tensor, list[str], list[dict[str,
         header = _header(body)
         prompts, metadata = json.loads(header["prompts"]), json.loads(header["metadata"])
     except Exception as err:
-        raise PayloadError(f"body: not a reward request ({type(err).__name__}: {err}); "
-                           "expected safetensors with tensor 'images' and header keys 'prompts', 'metadata'") from err
+        raise PayloadError(
+            f"body: not a reward request ({type(err).__name__}: {err}); "
+            "expected safetensors with tensor 'images' and header keys 'prompts', 'metadata'"
+        ) from err
     images = tensors.get("images")
     if images is None or images.dim() != 4 or images.shape[1] != 3 or images.dtype not in WIRE_DTYPES.values():
         got = None if images is None else f"{images.dtype} {tuple(images.shape)}"
@@ -56,8 +58,10 @@ def decode_request(body: bytes) -> tuple[torch.Tensor, list[str], list[dict[str,
         raise PayloadError(f"images: got {images.shape[2]}x{images.shape[3]} pixels, expected H, W >= 1")
     short, long = sorted(images.shape[2:])
     if long > MAX_IMAGE_SIDE or long > MAX_ASPECT * short:
-        raise PayloadError(f"images: got {images.shape[2]}x{images.shape[3]} pixels, expected each side at most "
-                           f"{MAX_IMAGE_SIDE} and the long side at most {MAX_ASPECT} times the short one")
+        raise PayloadError(
+            f"images: got {images.shape[2]}x{images.shape[3]} pixels, expected each side at most "
+            f"{MAX_IMAGE_SIDE} and the long side at most {MAX_ASPECT} times the short one"
+        )
     if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
         raise PayloadError("prompts: expected a JSON list of strings")
     if metadata is not None and not (isinstance(metadata, list) and all(isinstance(m, dict) for m in metadata)):
@@ -82,4 +86,4 @@ def decode_scores(body: bytes, batch: int) -> torch.Tensor:
 def _header(body: bytes) -> dict[str, str]:
     # safetensors layout: 8-byte little-endian header length, then the JSON header
     size = int.from_bytes(body[:8], "little")
-    return json.loads(body[8:8 + size]).get("__metadata__", {})
+    return json.loads(body[8 : 8 + size]).get("__metadata__", {})

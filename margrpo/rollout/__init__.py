@@ -1,10 +1,11 @@
 """margrpo.rollout: the MAR generation loop and what it records for GRPO training.
 
-    from margrpo.rollout import RolloutConfig, generate, group_seeds, rollout_logprob
-    seeds = group_seeds(base_seed, rank, prompt_indices, group_size)
-    rollout = generate(backbone, prompts, RolloutConfig(...), seeds, sampler=sampler)
-    likelihood = rollout_logprob(backbone, rollout)   # logp [T, B, L] with gradient to the backbone
+from margrpo.rollout import RolloutConfig, generate, group_seeds, rollout_logprob
+seeds = group_seeds(base_seed, rank, prompt_indices, group_size)
+rollout = generate(backbone, prompts, RolloutConfig(...), seeds, sampler=sampler)
+likelihood = rollout_logprob(backbone, rollout)   # logp [T, B, L] with gradient to the backbone
 """
+
 from .config import RolloutConfig
 from .generate import generate
 from .likelihood import RolloutLikelihood, rollout_logprob

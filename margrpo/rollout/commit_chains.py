@@ -14,6 +14,7 @@ finally drawn from. For tokens committed at step j, z_c = z_j and both modes giv
 then `resample` replaces trajectories 1..K of each recorded step's record. Memory: the z rows of
 every token, (1 or 2) B N Dz floats, plus those of every recorded step's positions.
 """
+
 from __future__ import annotations
 
 import torch
@@ -43,8 +44,18 @@ class CommitChains:
         """Recorded mask step j's likelihood positions [B, P] and their head condition rows under z_j."""
         self.step_rows[j] = (positions, z_rows)
 
-    def resample(self, records: list[dict], backbone, cond: PromptRows, sampler, noise_bank: torch.Tensor,
-                 plan, guidance_of, temperature: float, num_seeds: int) -> None:
+    def resample(
+        self,
+        records: list[dict],
+        backbone,
+        cond: PromptRows,
+        sampler,
+        noise_bank: torch.Tensor,
+        plan,
+        guidance_of,
+        temperature: float,
+        num_seeds: int,
+    ) -> None:
         """Replace trajectories 1..K of every recorded step's record (rollout layout) by chains drawn
         under z_c with the same noise-bank entries, scored under z_j."""
         from .generate import _gather_rows  # the loop's noise layout, kept in one place
@@ -53,12 +64,18 @@ class CommitChains:
             B, P = positions.shape
             noise = _gather_rows(noise_bank, positions).reshape(B * P, *noise_bank.shape[2:]).permute(1, 2, 0, 3)
             guidance = guidance_of(j)
-            out = multi_seed_denoise(backbone.head, head_condition(self.commit_z, cond, positions), sampler,
-                                     num_seeds=num_seeds, cfg=guidance, record_steps=plan.diffusion_steps[j],
-                                     temperature=temperature, noise=noise)
+            out = multi_seed_denoise(
+                backbone.head,
+                head_condition(self.commit_z, cond, positions),
+                sampler,
+                num_seeds=num_seeds,
+                cfg=guidance,
+                record_steps=plan.diffusion_steps[j],
+                temperature=temperature,
+                noise=noise,
+            )
             dtype = records[j]["x_t"].dtype
             x_t, x_prev = out.x_t[:, 1:].to(dtype), out.x_prev[:, 1:].to(dtype)
-            logp, mean, std = score_transitions(backbone.head, z_rows, sampler, plan.diffusion_steps[j], x_t, x_prev,
-                                                guidance, temperature)
+            logp, mean, std = score_transitions(backbone.head, z_rows, sampler, plan.diffusion_steps[j], x_t, x_prev, guidance, temperature)
             for name, value in zip(("x_t", "x_prev", "logp", "mean", "std"), (x_t, x_prev, logp, mean, std)):
                 records[j][name][1:] = head_to_rollout(value.to(dtype), B, P)

@@ -1,4 +1,5 @@
 """RolloutConfig: every knob of the MAR generation loop and of what it records (typed, validated)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -68,11 +69,20 @@ class RolloutConfig:
     def __post_init__(self) -> None:
         check_rules(self, RULES)
         window = self.record_diffusion_range
-        if not (window is None or (isinstance(window, (tuple, list)) and len(window) == 2
-                                   and type(window[0]) is int and window[0] >= 0
-                                   and (window[1] is None or (type(window[1]) is int and window[1] > window[0])))):
-            raise ValueError(f"record_diffusion_range: got {window!r}, expected null or [start, stop] with "
-                             "integers 0 <= start < stop (stop null: to the end)")
+        if not (
+            window is None
+            or (
+                isinstance(window, (tuple, list))
+                and len(window) == 2
+                and type(window[0]) is int
+                and window[0] >= 0
+                and (window[1] is None or (type(window[1]) is int and window[1] > window[0]))
+            )
+        ):
+            raise ValueError(
+                f"record_diffusion_range: got {window!r}, expected null or [start, stop] with "
+                "integers 0 <= start < stop (stop null: to the end)"
+            )
         if window is not None:
             self.record_diffusion_range = (window[0], window[1])
         if self.record_mask_steps > 0:
@@ -92,8 +102,7 @@ class RolloutConfig:
     def generation_only(self) -> "RolloutConfig":
         """The same sampling policy recording nothing (no seed chains, no transitions): the cheapest
         rollout, for sampling and evaluation."""
-        return dataclasses.replace(self, num_seeds=0, record_mask_steps=0, record_diffusion_steps=1,
-                                   likelihood_positions="revealed")
+        return dataclasses.replace(self, num_seeds=0, record_mask_steps=0, record_diffusion_steps=1, likelihood_positions="revealed")
 
     @property
     def uses_cfg(self) -> bool:
@@ -119,18 +128,27 @@ RULES = (
     Rule("num_mask_steps", lambda v, c: _integer(v, 1), "an integer >= 1"),
     Rule("schedule", lambda v, c: v in SCHEDULES, f"one of {', '.join(SCHEDULES)}"),
     Rule("num_diffusion_steps", lambda v, c: v is None or _integer(v, 1), "null (the model's default) or an integer >= 1"),
-    Rule("cfg_scale", lambda v, c: finite(v) and 0 <= v <= MAX_CFG_SCALE,
-         f"a number in [0, {MAX_CFG_SCALE:g}] (1: no guidance; 0: unconditional; larger scales saturate every image)"),
+    Rule(
+        "cfg_scale",
+        lambda v, c: finite(v) and 0 <= v <= MAX_CFG_SCALE,
+        f"a number in [0, {MAX_CFG_SCALE:g}] (1: no guidance; 0: unconditional; larger scales saturate every image)",
+    ),
     Rule("cfg_schedule", lambda v, c: v in ("constant", "linear"), "'constant' or 'linear'"),
     Rule("cfg_channels", lambda v, c: v in ("all", "eps"), "'all' or 'eps'"),
     Rule("negative_prompt", lambda v, c: v is None or isinstance(v, str), "null (the backbone's) or a string"),
-    Rule("temperature", lambda v, c: finite(v) and 0 < v <= MAX_TEMPERATURE,
-         f"a number in (0, {MAX_TEMPERATURE:g}] (a larger one turns every sample into noise, which overflows)"),
+    Rule(
+        "temperature",
+        lambda v, c: finite(v) and 0 < v <= MAX_TEMPERATURE,
+        f"a number in (0, {MAX_TEMPERATURE:g}] (a larger one turns every sample into noise, which overflows)",
+    ),
     Rule("num_seeds", lambda v, c: _integer(v, 0), "an integer >= 0"),
     Rule("record_mask_steps", lambda v, c: _integer(v, 0), "an integer >= 0 (0: record nothing)"),
     Rule("record_diffusion_steps", lambda v, c: _integer(v, 1), "an integer >= 1"),
     Rule("likelihood_positions", lambda v, c: v in ("revealed", "unknown"), "'revealed' or 'unknown'"),
     Rule("known_mask", lambda v, c: v in ("pre_step", "post_step"), "'pre_step' or 'post_step'"),
-    Rule("seed_chains", lambda v, c: v == "step" or (v == "commit" and c.known_mask == "pre_step"),
-         "'step', or 'commit' with known_mask 'pre_step'"),
+    Rule(
+        "seed_chains",
+        lambda v, c: v == "step" or (v == "commit" and c.known_mask == "pre_step"),
+        "'step', or 'commit' with known_mask 'pre_step'",
+    ),
 )

@@ -31,6 +31,7 @@ With the post-step known mask (margrpo.rollout.post_step) a recorded step keeps 
 the positions still unknown after it and has them scored at the next effective step, whose forward
 sees the post-step canvas: no extra backbone pass, and the image is the same as with "pre_step".
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -93,8 +94,9 @@ def _check_mirror(mirror: Sequence[int], shared_seeds: Sequence[int] | None, B: 
         if isinstance(j, bool) or not isinstance(j, int) or not -1 <= j < B or j == i:
             raise ValueError(f"mirror[{i}]: got {j!r}, expected -1 or the index of another sample in [0, {B})")
         if j >= 0 and (mirror[j] != -1 or shared_seeds[j] != shared_seeds[i]):
-            raise ValueError(f"mirror[{i}]: got {j}, expected a sample that draws its own noise (mirror[{j}] = -1) "
-                             f"and shares sample {i}'s shared seed")
+            raise ValueError(
+                f"mirror[{i}]: got {j}, expected a sample that draws its own noise (mirror[{j}] = -1) and shares sample {i}'s shared seed"
+            )
 
 
 def _device_and_dtype(backbone) -> tuple[torch.device, torch.dtype]:
@@ -190,8 +192,15 @@ def generate(
     counts = mask_schedule(N, config.num_mask_steps, config.schedule)
     if plan is None:
         plan_rng = torch.Generator().manual_seed(plan_seed(seeds))
-        plan = choose_plan(counts, sampler, config.record_mask_steps, config.record_diffusion_steps, plan_rng,
-                           known_mask=config.known_mask, diffusion_range=config.record_diffusion_range)
+        plan = choose_plan(
+            counts,
+            sampler,
+            config.record_mask_steps,
+            config.record_diffusion_steps,
+            plan_rng,
+            known_mask=config.known_mask,
+            diffusion_range=config.record_diffusion_range,
+        )
     _check_plan(plan, counts, sampler, config)
 
     order, noise_bank = _draw_randomness(seeds, N, diff_steps, K + 1, C, device, dtype)
@@ -203,8 +212,7 @@ def generate(
         if mirror is not None:
             partner = torch.as_tensor(list(mirror), dtype=torch.long, device=device)
             mirrored = (partner >= 0)[:, None, None, None] & own
-            noise_bank[:, :, :, 0] = torch.where(mirrored, -noise_bank[partner.clamp(min=0), :, :, 0],
-                                                 noise_bank[:, :, :, 0])
+            noise_bank[:, :, :, 0] = torch.where(mirrored, -noise_bank[partner.clamp(min=0), :, :, 0], noise_bank[:, :, :, 0])
     cond = prompt_rows(backbone, list(prompts), config)
     steps = effective_steps(counts)
     recorded_index = {step: j for j, step in enumerate(plan.mask_steps)}
@@ -235,18 +243,30 @@ def generate(
         if pending is not None:  # this forward saw the previous recorded step's post-step canvas
             j_prev, later, drawn = pending
             scored = score_transitions(
-                backbone.head, head_condition(z, cond, later), sampler, plan.diffusion_steps[j_prev],
-                drawn["x_t"], drawn["x_prev"], guidance_for(config, cfg_scales[j_prev]), config.temperature,
+                backbone.head,
+                head_condition(z, cond, later),
+                sampler,
+                plan.diffusion_steps[j_prev],
+                drawn["x_t"],
+                drawn["x_prev"],
+                guidance_for(config, cfg_scales[j_prev]),
+                config.temperature,
             )
-            records[j_prev].update({name: head_to_rollout(value, B, later.shape[1])
-                                    for name, value in zip(("logp", "mean", "std"), scored)})
+            records[j_prev].update(
+                {name: head_to_rollout(value, B, later.shape[1]) for name, value in zip(("logp", "mean", "std"), scored)}
+            )
             pending = None
         noise = _gather_rows(noise_bank, positions).reshape(B * P, diff_steps + 1, K + 1, C).permute(1, 2, 0, 3)
         scale = config.cfg_scale_at(start + n, N)
         out = multi_seed_denoise(
-            backbone.head, head_condition(z, cond, positions), sampler, num_seeds=K,
-            cfg=guidance_for(config, scale), record_steps=plan.diffusion_steps[j] if j is not None else (),
-            temperature=config.temperature, noise=noise,
+            backbone.head,
+            head_condition(z, cond, positions),
+            sampler,
+            num_seeds=K,
+            cfg=guidance_for(config, scale),
+            record_steps=plan.diffusion_steps[j] if j is not None else (),
+            temperature=config.temperature,
+            noise=noise,
         )
         x0 = out.x0.to(dtype).reshape(K + 1, B, P, C)
         committed = positions[:, :n]
@@ -277,8 +297,9 @@ def generate(
         start += n
 
     if commit_chains is not None:  # the reference's seed chains: drawn under each token's commit-time z
-        commit_chains.resample(records, backbone, cond, sampler, noise_bank, plan,
-                               lambda j: guidance_for(config, cfg_scales[j]), config.temperature, K)
+        commit_chains.resample(
+            records, backbone, cond, sampler, noise_bank, plan, lambda j: guidance_for(config, cfg_scales[j]), config.temperature, K
+        )
 
     def cat(name: str, tail: tuple[int, ...], trajectories: int = K + 1) -> torch.Tensor:
         parts = [r[name] for r in records]

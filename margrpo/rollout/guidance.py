@@ -5,6 +5,7 @@ and the SAME canvas as their image (the reference Harmon code lets the uncond ca
 behind; here both halves always see the same state). The head receives z as [cond rows; uncond rows]
 (MAR convention) and mixes its outputs with the step's scale on the configured channels.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

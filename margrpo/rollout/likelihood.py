@@ -9,6 +9,7 @@ sampler's Gaussian gives their log-probabilities. Called with the rollout's own 
 log-probs (ratio 1: exact in float64, to rounding in float32), which an on-policy PPO/GRPO step
 relies on.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -78,9 +79,15 @@ def rollout_logprob(
         # only x_t and x_prev are read: the head batches them as [R, T, B * P_j, C]
         x_t, x_prev = (rollout_to_head(values[:, :, part], R, P) for values in (rollout.x_t, rollout.x_prev))
         logp, mean = transitions_logprob(
-            backbone.head, z_rows, rollout.sampler, rollout.plan.diffusion_steps[j], x_t, x_prev,
+            backbone.head,
+            z_rows,
+            rollout.sampler,
+            rollout.plan.diffusion_steps[j],
+            x_t,
+            x_prev,
             cfg=guidance_for(rollout.config, rollout.cfg_scales[j], guided=guided),
-            temperature=rollout.config.temperature, return_mean=True,
+            temperature=rollout.config.temperature,
+            return_mean=True,
         )
         logps.append(head_to_rollout(logp, B, P))
         means.append(head_to_rollout(mean, B, P))

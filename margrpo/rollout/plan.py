@@ -8,6 +8,7 @@ step has no density, and flooring its variance makes its gradient explode (docs/
 With the post-step known mask the final effective step is not chosen either: it leaves no position
 unknown, so it would record nothing.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -79,7 +80,8 @@ def choose_plan(
         raise ValueError(
             f"record_diffusion_steps: got {num_diffusion_steps}, expected 1..{len(candidates_diff)} "
             f"(the sampler has {len(candidates_diff)} stochastic steps of {sampler.num_steps}"
-            + (f" in record_diffusion_range {list(diffusion_range)}" if diffusion_range is not None else "") + ")"
+            + (f" in record_diffusion_range {list(diffusion_range)}" if diffusion_range is not None else "")
+            + ")"
         )
     picked = torch.randperm(len(candidates_mask), generator=generator)[:num_mask_steps]
     mask_steps = tuple(sorted(candidates_mask[i] for i in picked.tolist()))

@@ -11,6 +11,7 @@ rollout_logprob recomputes with gradient. The std trajectory 0 was drawn with (u
 canvas) stays in the rollout as `sampled_std`: the reference trains with that one as a constant
 (grpo.likelihood_std: recorded_main).
 """
+
 from __future__ import annotations
 
 import torch

@@ -30,6 +30,7 @@ With the post-step known mask (the reference Harmon code) it also holds the step
 state after the step, which the next mask step's forward sees; the step's tokens get no gradient.
 In both, the likelihood positions are the next P_j entries of the order, right after the prefix.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -248,9 +249,7 @@ class Rollout:
         elif values.dim() >= 3 and values.shape[:3] == (B, M, N):
             per_step = list(values.unbind(1))
         else:
-            raise ValueError(
-                f"values: got shape {tuple(values.shape)}, expected [B={B}, N={N}, ...] or [B, M={M}, N, ...]"
-            )
+            raise ValueError(f"values: got shape {tuple(values.shape)}, expected [B={B}, N={N}, ...] or [B, M={M}, N, ...]")
         parts = []
         for j, per_position in enumerate(per_step):
             index = self.positions(j).reshape(B, -1, *([1] * (per_position.dim() - 2)))
@@ -286,8 +285,14 @@ class Rollout:
             fields[name] = tensor.index_select(1 if name in TRAJECTORY_FIRST else 0, rows_t.to(tensor.device))
         return dataclasses.replace(self, prompts=[self.prompts[i] for i in rows], **fields)
 
-    def with_update_values(self, *, old_logp: torch.Tensor | None = None, old_mean: torch.Tensor | None = None,
-                           ref_logp: torch.Tensor | None = None, ref_mean: torch.Tensor | None = None) -> Rollout:
+    def with_update_values(
+        self,
+        *,
+        old_logp: torch.Tensor | None = None,
+        old_mean: torch.Tensor | None = None,
+        ref_logp: torch.Tensor | None = None,
+        ref_mean: torch.Tensor | None = None,
+    ) -> Rollout:
         """A copy carrying the values a GRPO update scores against (see the class docstring); the
         ones given must have the shape of logp (old_mean, ref_mean: of mean)."""
         given = {"old_logp": old_logp, "old_mean": old_mean, "ref_logp": ref_logp, "ref_mean": ref_mean}
@@ -307,8 +312,9 @@ class Rollout:
         return sum(t.numel() * t.element_size() for t in (getattr(self, n) for n in self._tensor_fields()))
 
     @staticmethod
-    def footprint(B: int, N: int, C: int, K: int, H: int, W: int, L: int, M: int, unknown_mode: bool,
-                  float_bytes: int = 4, post_step: bool = False) -> int:
+    def footprint(
+        B: int, N: int, C: int, K: int, H: int, W: int, L: int, M: int, unknown_mode: bool, float_bytes: int = 4, post_step: bool = False
+    ) -> int:
         """The memory formula of the class docstring, in bytes."""
         floats = N * C * (1 + K) + 3 * H * W + (K + 1) * L * (4 * C + 1) + (2 * M * N * C if unknown_mode else 0)
         floats += L * C if post_step else 0

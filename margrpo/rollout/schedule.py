@@ -13,6 +13,7 @@ they differ in rounding and in how they guarantee progress (docs/METHOD.md secti
 Steps that reveal nothing (possible when N < S) are "ineffective": the rollout skips them and never
 records them.
 """
+
 from __future__ import annotations
 
 import math

@@ -5,6 +5,7 @@ So a rollout is reproduced exactly by its seeds, whatever else shares the batch,
 (across prompts, group members or ranks) share noise. The reference code seeds one global RNG
 identically on every rank (docs/METHOD.md section 5); this module is the fix.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -18,8 +19,7 @@ _SEED_BITS = 63  # torch.Generator.manual_seed accepts any non-negative int64
 def sample_seed(base_seed: int, rank: int, prompt_index: int, sample_index: int) -> int:
     """A 63-bit seed for one sample, a hash of its four coordinates (distinct coordinates give
     statistically independent seeds; nearby integers do not give correlated streams)."""
-    for name, value in (("base_seed", base_seed), ("rank", rank), ("prompt_index", prompt_index),
-                        ("sample_index", sample_index)):
+    for name, value in (("base_seed", base_seed), ("rank", rank), ("prompt_index", prompt_index), ("sample_index", sample_index)):
         if not isinstance(value, int) or value < 0:
             raise ValueError(f"{name}: got {value!r}, expected a non-negative integer")
     key = f"margrpo-rollout:{base_seed}:{rank}:{prompt_index}:{sample_index}".encode()

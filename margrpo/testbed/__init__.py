@@ -5,6 +5,7 @@ of a red square" (margrpo.testbed.grammar), random scenes drawn for them (render
 that parses images back into objects and scores them per category (verifier). Fixed train /
 held-out prompt splits ship in margrpo/testbed/prompts/.
 """
+
 from .grammar import CATEGORIES, VOCABULARY, ObjectGroup, SceneSpec, enumerate_prompts, format_prompt, parse_prompt
 from .render import PlacedObject, draw, render_batch, render_prompt, sample_layout
 from .splits import balanced_prompts, load_prompts, read_prompt_file

@@ -12,6 +12,7 @@ Each prompt has one category, decided by its structure:
 Parsing is case-insensitive; format_prompt writes the canonical lowercase form, so
 format_prompt(parse_prompt(p)) == p for every canonical prompt.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -27,10 +28,7 @@ _NUMBER_WORD = {count: word for word, count in NUMBERS.items()}
 
 # every word a grammatical prompt may contain
 VOCABULARY: tuple[str, ...] = tuple(
-    dict.fromkeys(
-        [*NUMBERS, *COLOR_NAMES, *SHAPES, *PLURAL.values(), "and"]
-        + [word for phrase in RELATIONS for word in phrase.split()]
-    )
+    dict.fromkeys([*NUMBERS, *COLOR_NAMES, *SHAPES, *PLURAL.values(), "and"] + [word for phrase in RELATIONS for word in phrase.split()])
 )
 
 
@@ -70,8 +68,7 @@ def check_vocabulary(words: list[str], prompt: str) -> None:
     unknown = [word for word in dict.fromkeys(words) if word not in VOCABULARY]
     if unknown:
         raise ValueError(
-            f"unknown word(s) {', '.join(repr(w) for w in unknown)} in prompt {prompt!r}; "
-            f"ShapesWorld knows: {' '.join(VOCABULARY)}"
+            f"unknown word(s) {', '.join(repr(w) for w in unknown)} in prompt {prompt!r}; ShapesWorld knows: {' '.join(VOCABULARY)}"
         )
 
 
@@ -130,9 +127,7 @@ def _ungrammatical(prompt: str, why: str) -> ValueError:
 
 def format_prompt(spec: SceneSpec) -> str:
     """The canonical text of a SceneSpec (inverse of parse_prompt)."""
-    phrases = [
-        f"{_NUMBER_WORD[g.count]} {g.color} {g.shape if g.count == 1 else PLURAL[g.shape]}" for g in spec.groups
-    ]
+    phrases = [f"{_NUMBER_WORD[g.count]} {g.color} {g.shape if g.count == 1 else PLURAL[g.shape]}" for g in spec.groups]
     if len(phrases) == 1:
         return phrases[0]
     return f" {spec.relation or 'and'} ".join(phrases)

@@ -5,6 +5,7 @@ Objects never touch (a gap of at least GAP pixels), so each one is its own conne
 a spatial prompt's two objects are separated mostly along the relation's axis, so the relation is
 unambiguous for the verifier.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -100,17 +101,13 @@ def draw(objects: list[PlacedObject], image_size: int = IMAGE_SIZE) -> np.ndarra
     return image
 
 
-def render_prompt(
-    prompt: str, rng: np.random.Generator, image_size: int = IMAGE_SIZE
-) -> tuple[np.ndarray, list[PlacedObject]]:
+def render_prompt(prompt: str, rng: np.random.Generator, image_size: int = IMAGE_SIZE) -> tuple[np.ndarray, list[PlacedObject]]:
     """A random scene for `prompt`: (uint8 [H, W, 3] image, its layout)."""
     layout = sample_layout(parse_prompt(prompt), rng, image_size)
     return draw(layout, image_size), layout
 
 
-def render_batch(
-    prompts: list[str], rng: np.random.Generator | int, image_size: int = IMAGE_SIZE
-) -> torch.Tensor:
+def render_batch(prompts: list[str], rng: np.random.Generator | int, image_size: int = IMAGE_SIZE) -> torch.Tensor:
     """float [B, 3, H, W] in [0, 1]: one random scene per prompt (rng: a Generator or an int seed)."""
     if not isinstance(rng, np.random.Generator):
         rng = np.random.default_rng(rng)

@@ -4,6 +4,7 @@ They were generated once by `python -m margrpo.testbed.splits` (SPLIT_SEED below
 shuffled HELDOUT_FRACTION of the canonical prompts is held out, the rest is for training. Held-out
 prompts are combinations (of colors, shapes, counts, relations) never seen in training.
 """
+
 from __future__ import annotations
 
 import sys

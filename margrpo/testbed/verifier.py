@@ -33,6 +33,7 @@ become sums of quality x shape probability, presence scores use them as they are
 scores 1 - |found - asked| (at least 0), which is the exact check on integer counts. Spatial stays
 exact (objects of quality 1). On cleanly rendered scenes both modes agree (tests/test_testbed.py).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -80,8 +81,15 @@ class Detections:
     def objects(self) -> "Detections":
         """Only the components that pass every object test (quality 1)."""
         keep = self.quality == 1
-        return Detections(self.image[keep], self.color[keep], self.shape[keep], self.center[keep], self.area[keep],
-                          self.quality[keep], self.shape_probs[keep])
+        return Detections(
+            self.image[keep],
+            self.color[keep],
+            self.shape[keep],
+            self.center[keep],
+            self.area[keep],
+            self.quality[keep],
+            self.shape_probs[keep],
+        )
 
 
 def as_float_images(images: torch.Tensor) -> torch.Tensor:
@@ -156,8 +164,12 @@ def detect(images: torch.Tensor, partial_credit: bool = False) -> Detections:
     side = torch.minimum(box_h, box_w)
     min_area = MIN_AREA * pixel_scale
     if partial_credit:
-        quality = (_ramp(area.double(), min_area / 2, min_area) * _ramp(side, 1, MIN_SIDE)
-                   * _ramp(aspect, 2 * MAX_ASPECT, MAX_ASPECT) * _ramp(fill, MIN_FILL - FILL_MARGIN, MIN_FILL))
+        quality = (
+            _ramp(area.double(), min_area / 2, min_area)
+            * _ramp(side, 1, MIN_SIDE)
+            * _ramp(aspect, 2 * MAX_ASPECT, MAX_ASPECT)
+            * _ramp(fill, MIN_FILL - FILL_MARGIN, MIN_FILL)
+        )
         shape_probs = torch.softmax(-distance.square() / (2 * SHAPE_SOFTNESS**2), 1)
     else:
         passes = (area >= min_area) & (side >= MIN_SIDE) & (aspect <= MAX_ASPECT) & (fill >= MIN_FILL)
@@ -276,8 +288,6 @@ def evaluate(images: torch.Tensor, prompts: list[str]) -> dict[str, float]:
     plus "exact" = fraction of images with overall == 1."""
     scores = score(images, prompts)
     masks = applicable(prompts)
-    summary = {
-        key: float(scores[key][masks[key]].mean()) if masks[key].any() else float("nan") for key in scores
-    }
+    summary = {key: float(scores[key][masks[key]].mean()) if masks[key].any() else float("nan") for key in scores}
     summary["exact"] = float((scores["overall"] == 1).float().mean())
     return summary

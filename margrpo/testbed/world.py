@@ -4,6 +4,7 @@ Everything the grammar, the renderer and the verifier must agree on lives here. 
 of the RGB cube (softened), so every pair is at least 0.8 apart in [0, 1] RGB and far from the black
 background: nearest-color segmentation of a rendered image is exact, and of a model's image robust.
 """
+
 from __future__ import annotations
 
 IMAGE_SIZE = 32  # default side in pixels (32x32 keeps CPU training and sampling fast)

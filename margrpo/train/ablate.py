@@ -19,6 +19,7 @@ table reports, per rung, the held-out overall score before and after, the gain (
 paired by seed) with its mean, standard deviation, minimum and 95% t-interval, the per-category
 scores after, and the final KL; ablation.png plots the gains with their intervals.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,17 +35,59 @@ LADDER: dict[str, list[str]] = {
     # not in the default ladder: the reference code's MTE as it runs (seed chains drawn under each
     # token's commit-time z, scored at every still-unknown position), and the same positions with
     # the step-drawn (zero-mean) chains, so the two differ only in where the chains come from
-    "mte_unknown": ["grpo.head=frozen", "grpo.mte=true", "rollout.num_seeds=3", "grpo.consistency=false",
-                    "rollout.likelihood_positions=unknown", "rollout.seed_chains=step"],
-    "reference_mte": ["grpo.head=frozen", "grpo.mte=true", "rollout.num_seeds=3", "grpo.consistency=false",
-                      "rollout.likelihood_positions=unknown", "rollout.seed_chains=commit"],
+    "mte_unknown": [
+        "grpo.head=frozen",
+        "grpo.mte=true",
+        "rollout.num_seeds=3",
+        "grpo.consistency=false",
+        "rollout.likelihood_positions=unknown",
+        "rollout.seed_chains=step",
+    ],
+    "reference_mte": [
+        "grpo.head=frozen",
+        "grpo.mte=true",
+        "rollout.num_seeds=3",
+        "grpo.consistency=false",
+        "rollout.likelihood_positions=unknown",
+        "rollout.seed_chains=commit",
+    ],
     "preset": [],
 }
 DEFAULT_RUNGS = ["grpo", "frozen_head", "mte", "full"]
 OVERALL = "heldout/overall"
 # two-sided 95% quantiles of Student's t for 1..30 degrees of freedom (normal beyond)
-T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+T95 = [
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+    2.042,
+]
 
 
 def seed_stats(values: list[float]) -> dict[str, float]:
@@ -62,17 +105,32 @@ def seed_stats(values: list[float]) -> dict[str, float]:
 def format_table(results: dict[str, list[dict]]) -> str:
     """results: rung -> one summary per seed ({"before": {...}, "after": {...}, "kl": float})."""
     categories = sorted({k for runs in results.values() for r in runs for k in r["after"] if k != OVERALL})
-    header = ["rung", "seeds", "overall before", "overall after", "gain mean", "gain 95% CI", "gain sd", "gain min",
-              *[k.replace("heldout/", "") for k in categories], "final kl"]
+    header = [
+        "rung",
+        "seeds",
+        "overall before",
+        "overall after",
+        "gain mean",
+        "gain 95% CI",
+        "gain sd",
+        "gain min",
+        *[k.replace("heldout/", "") for k in categories],
+        "final kl",
+    ]
     lines = [" | ".join(header), " | ".join("---" for _ in header)]
     for rung, runs in results.items():
         gains = [r["after"].get(OVERALL, math.nan) - r.get("before", {}).get(OVERALL, math.nan) for r in runs]
         g = seed_stats(gains)
-        cells = [rung, str(len(runs)),
-                 f"{seed_stats([r.get('before', {}).get(OVERALL, math.nan) for r in runs])['mean']:.3f}",
-                 f"{seed_stats([r['after'].get(OVERALL, math.nan) for r in runs])['mean']:.3f}",
-                 f"{g['mean']:+.3f}", f"[{g['mean'] - g['ci95']:+.3f}, {g['mean'] + g['ci95']:+.3f}]",
-                 f"{g['sd']:.3f}", f"{g['min']:+.3f}"]
+        cells = [
+            rung,
+            str(len(runs)),
+            f"{seed_stats([r.get('before', {}).get(OVERALL, math.nan) for r in runs])['mean']:.3f}",
+            f"{seed_stats([r['after'].get(OVERALL, math.nan) for r in runs])['mean']:.3f}",
+            f"{g['mean']:+.3f}",
+            f"[{g['mean'] - g['ci95']:+.3f}, {g['mean'] + g['ci95']:+.3f}]",
+            f"{g['sd']:.3f}",
+            f"{g['min']:+.3f}",
+        ]
         cells += [f"{seed_stats([r['after'].get(k, math.nan) for r in runs])['mean']:.3f}" for k in categories]
         cells.append(f"{seed_stats([r.get('kl', math.nan) for r in runs])['mean']:.2e}")
         lines.append(" | ".join(cells))
@@ -117,21 +175,18 @@ def run_one(config: str, overrides: list[str], rung: str, seed: int, out_dir: Pa
     if "after" not in summary:  # stopped by a signal: nothing to summarise yet
         raise SystemExit(f"{out_dir}: run stopped before its end; rerun the same command to resume it")
     train = [r for r in read_metrics(out_dir / "metrics.jsonl") if r.get("kind") == "train" and "kl" in r]
-    record = {"before": summary.get("before", {}), "after": summary["after"],
-              "kl": train[-1]["kl"] if train else math.nan}
+    record = {"before": summary.get("before", {}), "after": summary["after"], "kl": train[-1]["kl"] if train else math.nan}
     done.write_text(json.dumps(record, indent=1))
     return record
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="margrpo ablate", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="margrpo ablate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--rungs", nargs="+", default=DEFAULT_RUNGS, choices=list(LADDER))
     parser.add_argument("--out", default="runs/ablation")
-    parser.add_argument("--summarize", action="store_true",
-                        help="run nothing: tabulate the finished runs found under --out")
+    parser.add_argument("--summarize", action="store_true", help="run nothing: tabulate the finished runs found under --out")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     out = Path(args.out)

@@ -12,6 +12,7 @@ killed process left: a complete temporary copy whose step is missing is moved in
 other leftover is deleted. A checkpoint whose manifest is missing or whose checksums do not match is
 reported as corrupt and never loaded; `latest` names it and falls back to the newest valid one.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -181,12 +182,20 @@ def verify(path: str | Path) -> dict:
 def _check_manifest(path: Path, manifest) -> None:
     """The manifest's layout: {"step": int, "files": {name: {"bytes": int, "sha256": str}}} for FILES."""
     files = manifest.get("files") if isinstance(manifest, dict) else None
-    ok = isinstance(manifest, dict) and isinstance(manifest.get("step"), int) and isinstance(files, dict) \
-        and set(files) == set(FILES) and all(isinstance(meta, dict) and isinstance(meta.get("bytes"), int)
-                                             and isinstance(meta.get("sha256"), str) for meta in files.values())
+    ok = (
+        isinstance(manifest, dict)
+        and isinstance(manifest.get("step"), int)
+        and isinstance(files, dict)
+        and set(files) == set(FILES)
+        and all(
+            isinstance(meta, dict) and isinstance(meta.get("bytes"), int) and isinstance(meta.get("sha256"), str) for meta in files.values()
+        )
+    )
     if not ok:
-        raise CorruptCheckpointError(f"{path}: not a checkpoint manifest (expected step and files "
-                                     f"{', '.join(FILES)} with bytes and sha256; got {str(manifest)[:200]})")
+        raise CorruptCheckpointError(
+            f"{path}: not a checkpoint manifest (expected step and files "
+            f"{', '.join(FILES)} with bytes and sha256; got {str(manifest)[:200]})"
+        )
 
 
 def load(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]:

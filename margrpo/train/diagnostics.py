@@ -16,6 +16,7 @@
    learning-rate tuning can help. Two directions: the gradient scaled to unit RMS per parameter, and
    its sign (what Adam's first step applies, whatever the gradient's magnitude).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,8 +41,11 @@ def recorded_logp_error(rollout) -> float:
         return 0.0
     C = rollout.x_prev.shape[-1]
     recomputed = ops_reference.gaussian_logprob_fwd(
-        rollout.x_prev.double().reshape(-1, C), rollout.mean.double().reshape(-1, C),
-        rollout.std.double().reshape(-1, C), ops_reference.REDUCE_SUM)
+        rollout.x_prev.double().reshape(-1, C),
+        rollout.mean.double().reshape(-1, C),
+        rollout.std.double().reshape(-1, C),
+        ops_reference.REDUCE_SUM,
+    )
     return float((rollout.logp.double().reshape(-1) - recomputed).abs().max())
 
 
@@ -71,8 +75,7 @@ def _matching_log_ratio(trainer, rollout) -> float:
     draws = draw_matching(rollout, config.matching_draws, tuple(config.matching_times))
     was_training = policy.training
     scores = []
-    with torch.no_grad(), torch.autocast(rollout.tokens.device.type, dtype=torch.bfloat16,
-                                         enabled=trainer.config.optim.bf16):
+    with torch.no_grad(), torch.autocast(rollout.tokens.device.type, dtype=torch.bfloat16, enabled=trainer.config.optim.bf16):
         for training in (was_training, True):
             policy.train(training)
             values = matching_values(policy, rollout, draws, cfg=config.likelihood_cfg)
@@ -93,15 +96,18 @@ class SelfConsistency:
     data_error: list[float]
 
     def table(self) -> str:
-        lines = ["head self-consistency: denoising error on the policy's committed tokens vs data tokens",
-                 f"  {'t bin':>11} {'policy':>9} {'data':>9} {'ratio':>7}"]
+        lines = [
+            "head self-consistency: denoising error on the policy's committed tokens vs data tokens",
+            f"  {'t bin':>11} {'policy':>9} {'data':>9} {'ratio':>7}",
+        ]
         for (low, high), p, d in zip(self.bins, self.policy_error, self.data_error):
             lines.append(f"  [{low:>4}, {high:>4}) {p:>9.4f} {d:>9.4f} {p / max(d, 1e-30):>7.2f}")
         return "\n".join(lines)
 
 
-def head_self_consistency(trainer, rollout, data_tokens: torch.Tensor, draws: int = 16,
-                          edges: tuple[int, ...] = (0, 50, 150, 400, 700, 1000)) -> SelfConsistency:
+def head_self_consistency(
+    trainer, rollout, data_tokens: torch.Tensor, draws: int = 16, edges: tuple[int, ...] = (0, 50, 150, 400, 700, 1000)
+) -> SelfConsistency:
     """SelfConsistency of `rollout` (recorded mask steps, committed tokens) against `data_tokens`
     [B, N, C] (e.g. ground-truth latents of the same prompts), scored on the same draws and canvases
     built the same way (the data's own tokens as context). DDPM heads (integer training times)."""
@@ -183,8 +189,7 @@ class Diagnosis:
         return "\n".join(lines)
 
 
-def _fresh_rewards(trainer, prompts: list[str], samples: int, seed: int,
-                   metadata: list[dict] | None = None) -> torch.Tensor:
+def _fresh_rewards(trainer, prompts: list[str], samples: int, seed: int, metadata: list[dict] | None = None) -> torch.Tensor:
     from .evaluate import generate_images
 
     expanded, images = generate_images(trainer.policy, trainer.sampler, trainer.config.rollout, prompts, samples, seed)
@@ -238,8 +243,12 @@ def _total_variance(gram: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     return (diagonal - cross / n) / (n - 1)
 
 
-def variance_ratio(a: GradientVariance, b: GradientVariance, resamples: int = 4000, seed: int = 0,
-                   ) -> tuple[float, float, float]:
+def variance_ratio(
+    a: GradientVariance,
+    b: GradientVariance,
+    resamples: int = 4000,
+    seed: int = 0,
+) -> tuple[float, float, float]:
     """tr Cov of variant a / tr Cov of variant b, and its 95% paired-bootstrap interval (the same
     resampled rollouts for both variants, which share their rollouts)."""
     if a.gram is None or b.gram is None or a.gram.shape != b.gram.shape:
@@ -303,13 +312,11 @@ def mean_cosine(a: GradientVariance, b: GradientVariance) -> tuple[float, float,
     gram_a, gram_b = a.gram.double(), b.gram.double()
     n = cross.shape[0]
     point = _cosine_of(cross, gram_a, gram_b)
-    low, high = _jackknife_interval(point, [_cosine_of(_without(cross, i), _without(gram_a, i), _without(gram_b, i))
-                                            for i in range(n)])
+    low, high = _jackknife_interval(point, [_cosine_of(_without(cross, i), _without(gram_a, i), _without(gram_b, i)) for i in range(n)])
     return point, low, high
 
 
-def gradient_variance(trainer, rollouts: int = 6, variants: dict[str, dict[str, object]] | None = None
-                      ) -> list[GradientVariance]:
+def gradient_variance(trainer, rollouts: int = 6, variants: dict[str, dict[str, object]] | None = None) -> list[GradientVariance]:
     """The variance of the update direction over `rollouts` independent steps, for each variant of
     settings (default: with and without MTE; keys "grpo.X" or "rollout.X", a bare name is a grpo
     setting), the same steps (prompts, seeds, plans) for every variant (paired)."""
@@ -327,21 +334,20 @@ def gradient_variance(trainer, rollouts: int = 6, variants: dict[str, dict[str, 
         for name, change in variants.items():
             for key, value in {**saved, **change}.items():
                 setattr(*target(key), value)
-            flat = torch.stack([torch.cat([g.flatten() for g in _step_gradient(trainer, step)]).double()
-                                for step in range(rollouts)])
+            flat = torch.stack([torch.cat([g.flatten() for g in _step_gradient(trainer, step)]).double() for step in range(rollouts)])
             mean = flat.mean(0)
             total = float((flat - mean).pow(2).sum(1).sum() / (rollouts - 1))
             sq = float(mean.pow(2).sum())
-            out.append(GradientVariance(name, rollouts, sq, total, total / max(sq, 1e-300), sq - total / rollouts,
-                                        gram=flat @ flat.T, flat=flat))
+            out.append(
+                GradientVariance(name, rollouts, sq, total, total / max(sq, 1e-300), sq - total / rollouts, gram=flat @ flat.T, flat=flat)
+            )
     finally:
         for key, value in saved.items():
             setattr(*target(key), value)
     return out
 
 
-def diagnose(trainer, etas=(0.0, 1e-4, 3e-4, 1e-3, 3e-3), samples_per_prompt: int = 8,
-             scan_seed: int = 987_654) -> Diagnosis:
+def diagnose(trainer, etas=(0.0, 1e-4, 3e-4, 1e-3, 3e-3), samples_per_prompt: int = 8, scan_seed: int = 987_654) -> Diagnosis:
     """Run the four checks on the trainer's next step (its prompts and seeds); the policy's weights
     are restored afterwards and its optimizer is not touched."""
     prompts, rollout = trainer.rollout(trainer.step)
@@ -351,7 +357,8 @@ def diagnose(trainer, etas=(0.0, 1e-4, 3e-4, 1e-3, 3e-3), samples_per_prompt: in
         recorded_logp_error=recorded_logp_error(rollout),
         first_update_log_ratio=first_update_log_ratio(trainer, rollout),
         zero_variance_fraction=zero_variance_fraction(rewards, trainer.config.grpo.group_size),
-        train_reward=float(rewards.mean()), grad_norm=float("nan"),
+        train_reward=float(rewards.mean()),
+        grad_norm=float("nan"),
     )
 
     grads = _step_gradient(trainer, trainer.step)  # the same step: same prompts, seeds and plan
@@ -374,11 +381,15 @@ def diagnose(trainer, etas=(0.0, 1e-4, 3e-4, 1e-3, 3e-3), samples_per_prompt: in
                 per_eta.append(_fresh_rewards(trainer, unique, samples_per_prompt, scan_seed, unique_meta))
             base = per_eta[0]
             diffs = [r - base for r in per_eta]
-            diagnosis.scans.append(StepScan(
-                direction=name, etas=list(etas), reward=[float(r.mean()) for r in per_eta],
-                gain=[float(d.mean()) for d in diffs],
-                gain_se=[float(d.std(unbiased=True) / math.sqrt(d.numel())) if d.numel() > 1 else 0.0 for d in diffs],
-            ))
+            diagnosis.scans.append(
+                StepScan(
+                    direction=name,
+                    etas=list(etas),
+                    reward=[float(r.mean()) for r in per_eta],
+                    gain=[float(d.mean()) for d in diffs],
+                    gain_se=[float(d.std(unbiased=True) / math.sqrt(d.numel())) if d.numel() > 1 else 0.0 for d in diffs],
+                )
+            )
     finally:
         with torch.no_grad():
             for p, p0 in zip(params, start):
@@ -392,19 +403,32 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="margrpo diagnose", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True)
-    parser.add_argument("--etas", default="0,1e-4,3e-4,1e-3,3e-3",
-                        help="step sizes along each direction, comma-separated; the first should be 0")
+    parser.add_argument(
+        "--etas", default="0,1e-4,3e-4,1e-3,3e-3", help="step sizes along each direction, comma-separated; the first should be 0"
+    )
     parser.add_argument("--samples", type=int, default=8, help="fresh samples per prompt for each step size")
-    parser.add_argument("--variance", type=int, default=0, metavar="N",
-                        help="also the policy-gradient variance over N rollouts, with and without MTE")
-    parser.add_argument("--compare", metavar="grpo.KEY=A,B", default=None,
-                        help="with --variance: the variants compared (default grpo.mte=true,false), e.g. "
-                             "grpo.group_noise=independent,common")
-    parser.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=V[,KEY=V]",
-                        help="with --variance, repeatable (instead of --compare): a named set of grpo./rollout. "
-                             "settings, e.g. mte:grpo.mte=true; each is compared with the first")
-    parser.add_argument("--self-consistency", action="store_true",
-                        help="also the head's denoising error on the policy's tokens vs data tokens (ShapesWorld)")
+    parser.add_argument(
+        "--variance", type=int, default=0, metavar="N", help="also the policy-gradient variance over N rollouts, with and without MTE"
+    )
+    parser.add_argument(
+        "--compare",
+        metavar="grpo.KEY=A,B",
+        default=None,
+        help="with --variance: the variants compared (default grpo.mte=true,false), e.g. grpo.group_noise=independent,common",
+    )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME:KEY=V[,KEY=V]",
+        help="with --variance, repeatable (instead of --compare): a named set of grpo./rollout. "
+        "settings, e.g. mte:grpo.mte=true; each is compared with the first",
+    )
+    parser.add_argument(
+        "--self-consistency",
+        action="store_true",
+        help="also the head's denoising error on the policy's tokens vs data tokens (ShapesWorld)",
+    )
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     variants = None
@@ -445,17 +469,23 @@ def main(argv: list[str] | None = None) -> int:
         print(head_self_consistency(trainer, rollout, data).table())
     if args.variance:
         print(f"policy-gradient variance over {args.variance} rollouts (same rollouts for each variant):")
-        print(f"  {'variant':<22} {'|mean g|^2':>11} {'tr Cov':>11} {'relative':>9} {'|E g|^2 est':>12}"
-              f" {'SNR':>9} {'SNR 95% (jackknife)':>22}")
+        print(
+            f"  {'variant':<22} {'|mean g|^2':>11} {'tr Cov':>11} {'relative':>9} {'|E g|^2 est':>12}"
+            f" {'SNR':>9} {'SNR 95% (jackknife)':>22}"
+        )
         results = gradient_variance(trainer, args.variance, variants)
         for v in results:
             snr_low, snr_high = signal_to_noise_interval(v)
-            print(f"  {v.variant:<22} {v.mean_sq_norm:>11.4g} {v.total_variance:>11.4g} {v.relative_variance:>9.3f}"
-                  f" {v.signal_sq_norm:>12.4g} {v.signal_to_noise:>9.4f} [{snr_low:>9.4f}, {snr_high:>9.4f}]")
+            print(
+                f"  {v.variant:<22} {v.mean_sq_norm:>11.4g} {v.total_variance:>11.4g} {v.relative_variance:>9.3f}"
+                f" {v.signal_sq_norm:>12.4g} {v.signal_to_noise:>9.4f} [{snr_low:>9.4f}, {snr_high:>9.4f}]"
+            )
         base = results[0]
         for other in results[1:]:
             ratio, low, high = variance_ratio(other, base)
             cosine, c_low, c_high = mean_cosine(other, base)
-            print(f"  {other.variant} vs {base.variant}: tr Cov ratio {ratio:.3f} [{low:.3f}, {high:.3f}] (95% paired "
-                  f"bootstrap), cosine of the mean gradients {cosine:.3f} [{c_low:.3f}, {c_high:.3f}] (95% jackknife)")
+            print(
+                f"  {other.variant} vs {base.variant}: tr Cov ratio {ratio:.3f} [{low:.3f}, {high:.3f}] (95% paired "
+                f"bootstrap), cosine of the mean gradients {cosine:.3f} [{c_low:.3f}, {c_high:.3f}] (95% jackknife)"
+            )
     return 0

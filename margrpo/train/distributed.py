@@ -9,6 +9,7 @@ and metric/reward gathering. Every function is a no-op in a single process.
   Checkpoints gather full tensors (full_state_dict / full_optimizer_state), keyed by parameter name,
   so a checkpoint written under FSDP2 loads in one process and the other way round.
 """
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """Held-out evaluation with fixed seeds (so points along a run are comparable), and `margrpo eval`."""
+
 from __future__ import annotations
 
 import argparse
@@ -12,8 +13,9 @@ from margrpo.rollout import RolloutConfig, generate, sample_seed
 
 
 @torch.no_grad()
-def generate_images(backbone, sampler, config: RolloutConfig, prompts: list[str], samples_per_prompt: int,
-                    seed: int, batch_size: int = 32) -> tuple[list[str], torch.Tensor]:
+def generate_images(
+    backbone, sampler, config: RolloutConfig, prompts: list[str], samples_per_prompt: int, seed: int, batch_size: int = 32
+) -> tuple[list[str], torch.Tensor]:
     """Images [P * samples, 3, H, W] for every prompt, seeded by (seed, prompt index, sample index)."""
     expanded = [p for p in prompts for _ in range(samples_per_prompt)]
     seeds = [sample_seed(seed, 0, i // samples_per_prompt, i % samples_per_prompt) for i in range(len(expanded))]
@@ -39,7 +41,7 @@ def check_prompts_known(backbone, prompts: list[str], option: str, batch_size: i
     with torch.no_grad():
         for start in range(0, len(unique), batch_size):
             try:
-                backbone.encode_prompts(unique[start:start + batch_size])
+                backbone.encode_prompts(unique[start : start + batch_size])
             except ValueError as err:  # the protocol's error for unknown words or empty prompts
                 raise ConfigError(f"{option}: {err}") from err
 
@@ -60,8 +62,11 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="margrpo eval", description=main.__doc__)
     parser.add_argument("--config", default=None, help="YAML config (default: the one saved with --checkpoint)")
-    parser.add_argument("--checkpoint", default=None, help="a run checkpoint, a run directory, or a model directory "
-                        "(default: the config's backbone.checkpoint)")
+    parser.add_argument(
+        "--checkpoint",
+        default=None,
+        help="a run checkpoint, a run directory, or a model directory (default: the config's backbone.checkpoint)",
+    )
     parser.add_argument("overrides", nargs="*")
     suites.add_arguments(parser)
     args = parser.parse_intermixed_args(argv)

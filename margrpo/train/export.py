@@ -12,6 +12,7 @@ trained tensors (--ema: their EMA) applied, LoRA adapters merged. OUT_DIR is wri
 must be new or empty unless --force. Beside the model, margrpo_export.json records the source
 checkpoint, its step, which weights, and the run's config (sample and eval read their settings from it).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,13 +27,22 @@ from . import lora as lora_utils
 from .restore import EXPORT_FILE, restore_policy, run_checkpoint, trainer_config
 
 
-def export(source: str | Path, out: str | Path, config_file: str | None = None, overrides: list[str] = (),
-           ema: bool = False, force: bool = False, device: str = "cpu") -> Path:
+def export(
+    source: str | Path,
+    out: str | Path,
+    config_file: str | None = None,
+    overrides: list[str] = (),
+    ema: bool = False,
+    force: bool = False,
+    device: str = "cpu",
+) -> Path:
     """Write the policy of run checkpoint (or run directory) `source` to `out`; returns `out`."""
     checkpoint = run_checkpoint(source)
     if checkpoint is None:
-        raise ConfigError(f"RUN_CHECKPOINT {source}: not a run checkpoint (expected <run>/checkpoints/step-XXXXXXXX "
-                          "with manifest.json, or a run directory holding checkpoints/)")
+        raise ConfigError(
+            f"RUN_CHECKPOINT {source}: not a run checkpoint (expected <run>/checkpoints/step-XXXXXXXX "
+            "with manifest.json, or a run directory holding checkpoints/)"
+        )
     try:
         check_output_dir(out, force)  # before the (possibly long) load
     except FileExistsError as err:
@@ -42,8 +52,12 @@ def export(source: str | Path, out: str | Path, config_file: str | None = None, 
     merged = lora_utils.merge_adapters(policy)
     manifest = ckpt.verify(checkpoint)
     record = {
-        "source": str(Path(checkpoint).resolve()), "step": manifest["step"], "weights": "ema" if ema else "trained",
-        "lora_layers_merged": merged, "backbone": family_of(policy), "config_from": where,
+        "source": str(Path(checkpoint).resolve()),
+        "step": manifest["step"],
+        "weights": "ema" if ema else "trained",
+        "lora_layers_merged": merged,
+        "backbone": family_of(policy),
+        "config_from": where,
         "config": to_dict(config),
     }
 
@@ -66,7 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = export(args.checkpoint, args.out, args.config, args.overrides, args.ema, args.force, args.device)
     record = json.loads((out / EXPORT_FILE).read_text())
-    print(f"exported step {record['step']} ({record['weights']} weights, {record['lora_layers_merged']} LoRA layers "
-          f"merged; config: {record['config_from']}) to {out}; load it with backbone.name={record['backbone']} "
-          f"backbone.checkpoint={out}")
+    print(
+        f"exported step {record['step']} ({record['weights']} weights, {record['lora_layers_merged']} LoRA layers "
+        f"merged; config: {record['config_from']}) to {out}; load it with backbone.name={record['backbone']} "
+        f"backbone.checkpoint={out}"
+    )
     return 0

@@ -1,4 +1,5 @@
 """Sample grids: images in rows with their prompts as captions, saved as one PNG."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,8 +8,9 @@ import torch
 from PIL import Image, ImageDraw
 
 
-def save_grid(images: torch.Tensor, captions: list[str], path: str | Path, columns: int = 8,
-              scale: int = 3, caption_height: int = 22) -> Path:
+def save_grid(
+    images: torch.Tensor, captions: list[str], path: str | Path, columns: int = 8, scale: int = 3, caption_height: int = 22
+) -> Path:
     """images float [B, 3, H, W] in [0, 1] -> a PNG grid; each tile upscaled `scale`x with its caption."""
     if images.ndim != 4 or images.shape[1] != 3:
         raise ValueError(f"images: expected [B, 3, H, W], got shape {tuple(images.shape)}")

@@ -8,6 +8,7 @@ weight under `<layer>.base_layer.weight` and gains `<layer>.lora_A.default.weigh
 merge_adapters folds trained adapters into the base weights (`margrpo export`), giving the base
 model's own layout back.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -45,19 +46,24 @@ def target_modules(model: nn.Module, patterns: list[str]) -> list[str]:
         trainable = {id(p) for p in model.trainable_parameters()}
         chosen = [name for name, m in linears if id(m.weight) in trainable]
         if not chosen:
-            raise ConfigError("grpo.lora.targets: the backbone's trainable parameters hold no nn.Linear weight "
-                             "outside the head; name the layers to adapt with grpo.lora.targets")
+            raise ConfigError(
+                "grpo.lora.targets: the backbone's trainable parameters hold no nn.Linear weight "
+                "outside the head; name the layers to adapt with grpo.lora.targets"
+            )
         return chosen
     for pattern in patterns:
         if not any(re.fullmatch(pattern, name) for name, _ in linears):
             listed = ", ".join(name for name, _ in linears[:12])
-            raise ConfigError(f"grpo.lora.targets: {pattern!r} matches no nn.Linear outside the head; "
-                             f"expected a regular expression over module names such as {listed}")
+            raise ConfigError(
+                f"grpo.lora.targets: {pattern!r} matches no nn.Linear outside the head; "
+                f"expected a regular expression over module names such as {listed}"
+            )
     return [name for name, _ in linears if any(re.fullmatch(p, name) for p in patterns)]
 
 
-def apply_lora(model: nn.Module, rank: int, alpha: float | None = None, dropout: float = 0.0,
-               targets: list[str] = ()) -> list[nn.Parameter]:
+def apply_lora(
+    model: nn.Module, rank: int, alpha: float | None = None, dropout: float = 0.0, targets: list[str] = ()
+) -> list[nn.Parameter]:
     """Inject LoRA adapters of `rank` (scale alpha / rank, alpha default 2 * rank) into the layers
     chosen by target_modules(model, targets), in place; returns the adapter parameters."""
     try:
@@ -67,13 +73,14 @@ def apply_lora(model: nn.Module, rank: int, alpha: float | None = None, dropout:
     if rank < 1:
         raise ValueError(f"rank: got {rank}, expected >= 1")
     if has_adapters(model):
-        raise ValueError("model: already carries peft adapters (e.g. harmon trainable: mar+lora, which also trains "
-                         "the MAR); grpo.lora needs a backbone without adapters")
+        raise ValueError(
+            "model: already carries peft adapters (e.g. harmon trainable: mar+lora, which also trains "
+            "the MAR); grpo.lora needs a backbone without adapters"
+        )
     names = target_modules(model, list(targets))
     # an exact full-name match: a name list would also match longer names ending in ".<name>"
     pattern = "|".join(re.escape(name) for name in names)
-    config = LoraConfig(r=rank, lora_alpha=2 * rank if alpha is None else alpha, lora_dropout=dropout,
-                        target_modules=f"^(?:{pattern})$")
+    config = LoraConfig(r=rank, lora_alpha=2 * rank if alpha is None else alpha, lora_dropout=dropout, target_modules=f"^(?:{pattern})$")
     inject_adapter_in_model(config, model)
     return adapter_parameters(model)
 

@@ -1,5 +1,6 @@
 """Metrics sinks of a run: JSONL (always), TensorBoard and wandb (when installed and asked for),
 and the reward-curve PNG."""
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,7 @@ class MetricsLogger:
     its last checkpoint, are dropped from the JSONL (and purged from TensorBoard), and so are torn
     lines (a kill mid-write), so the log continues exactly from the checkpoint."""
 
-    def __init__(self, out_dir: str | Path, tensorboard: bool = True, wandb: bool = False, config: dict | None = None,
-                 start_step: int = 0):
+    def __init__(self, out_dir: str | Path, tensorboard: bool = True, wandb: bool = False, config: dict | None = None, start_step: int = 0):
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.out_dir / "metrics.jsonl"
@@ -105,8 +105,10 @@ def truncate_metrics(path: str | Path, start_step: int) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
     os.replace(tmp, path)
-    print(f"[margrpo] {path}: continuing from step {start_step}: dropped {len(records) - len(kept)} later "
-          f"record(s) and {torn} torn line(s)", file=sys.stderr)
+    print(
+        f"[margrpo] {path}: continuing from step {start_step}: dropped {len(records) - len(kept)} later record(s) and {torn} torn line(s)",
+        file=sys.stderr,
+    )
 
 
 def plot_curves(metrics_path: str | Path, out_png: str | Path) -> Path | None:
@@ -133,7 +135,7 @@ def plot_curves(metrics_path: str | Path, out_png: str | Path) -> Path | None:
         axes[0].legend()
         axes[0].set_title("training reward")
     if evals:
-        keys = sorted({k[len("heldout/"):] for r in evals for k in r if k.startswith("heldout/")})
+        keys = sorted({k[len("heldout/") :] for r in evals for k in r if k.startswith("heldout/")})
         for key in keys:
             points = [(r["step"], r[f"heldout/{key}"]) for r in evals if isinstance(r.get(f"heldout/{key}"), (int, float))]
             if points:

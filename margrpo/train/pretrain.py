@@ -16,6 +16,7 @@ config.json) and pretrain_metrics.json go to `pretrain.out` (default: backbone.c
 is a checkpoint shipped with the package, which is never overwritten), written atomically; a non-empty
 output directory is refused unless --force. The architecture is `pretrain.arch` (TinyMARConfig).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -98,8 +99,9 @@ def random_masks(ratios: torch.Tensor, num_tokens: int, generator: torch.Generat
     return ranks < counts[:, None]
 
 
-def diffusion_loss(model: TinyMAR, sampler, z: torch.Tensor, tokens: torch.Tensor, masked: torch.Tensor,
-                   mul: int, generator: torch.Generator) -> torch.Tensor:
+def diffusion_loss(
+    model: TinyMAR, sampler, z: torch.Tensor, tokens: torch.Tensor, masked: torch.Tensor, mul: int, generator: torch.Generator
+) -> torch.Tensor:
     """Mean squared error of the head's eps prediction on the masked tokens, `mul` timesteps each."""
     x0 = tokens[masked].repeat(mul, 1)
     cond = z[masked].repeat(mul, 1)
@@ -152,8 +154,10 @@ def output_dir(backbone: BackboneConfig, config: PretrainConfig, force: bool = F
     if backbone.name != "tiny":
         raise ValueError(f"backbone.name: got {backbone.name!r}, expected 'tiny' (pretraining builds the tiny MAR)")
     if config.out is None and is_builtin(backbone.checkpoint):
-        raise ValueError(f"pretrain.out: not set, and backbone.checkpoint is the shipped {backbone.checkpoint!r}, "
-                         "which pretraining does not overwrite; set pretrain.out=DIR")
+        raise ValueError(
+            f"pretrain.out: not set, and backbone.checkpoint is the shipped {backbone.checkpoint!r}, "
+            "which pretraining does not overwrite; set pretrain.out=DIR"
+        )
     key, out = ("pretrain.out", config.out) if config.out is not None else ("backbone.checkpoint", backbone.checkpoint)
     try:
         return check_output_dir(out, force)
@@ -173,8 +177,7 @@ def pretrain(backbone: BackboneConfig, config: PretrainConfig, force: bool = Fal
     generator = torch.Generator().manual_seed(config.seed)
     prompts = TrainPrompts(np.random.default_rng(config.seed))
     render_rng = np.random.default_rng(config.seed + 1)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, config.adam_beta2),
-                                  weight_decay=config.weight_decay)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, config.adam_beta2), weight_decay=config.weight_decay)
 
     metrics: dict = {"config": {"backbone": asdict(backbone), "pretrain": asdict(config)}, "evals": []}
     started = time.time()
@@ -207,12 +210,15 @@ def pretrain(backbone: BackboneConfig, config: PretrainConfig, force: bool = Fal
         if (config.eval_every and (step + 1) % config.eval_every == 0) or last:
             per_category = config.final_eval_per_category if last else config.eval_per_category
             summary = heldout_eval(ema, per_category, config.sampling)
-            summary.update(step=step + 1, minutes=round((time.time() - started) / 60, 2),
-                           prompts=per_category * len(CATEGORIES), loss=round(loss.item(), 5))
+            summary.update(
+                step=step + 1,
+                minutes=round((time.time() - started) / 60, 2),
+                prompts=per_category * len(CATEGORIES),
+                loss=round(loss.item(), 5),
+            )
             metrics["evals"].append(summary)
             metrics["minutes"] = summary["minutes"]
-            progress.write("eval " + "  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
-                                               for k, v in summary.items()))
+            progress.write("eval " + "  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in summary.items()))
             save(ema, metrics, out)  # after every eval, so a stopped run leaves its latest model
 
     print(f"saved {out} after {metrics['minutes']} minutes")
@@ -222,6 +228,7 @@ def pretrain(backbone: BackboneConfig, config: PretrainConfig, force: bool = Fal
 def save(model: TinyMAR, metrics: dict, out: Path) -> None:
     """Write the checkpoint (model.safetensors, config.json) and pretrain_metrics.json to `out`, replacing
     the previous save atomically (output_dir checked `out` before training)."""
+
     def write(tmp: Path) -> None:
         model.save(tmp)
         (tmp / "pretrain_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")

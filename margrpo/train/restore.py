@@ -11,6 +11,7 @@ writes out and `sample` / `eval --checkpoint` use.
 What a --checkpoint argument names (`resolve_checkpoint_arg`): a run checkpoint, a run directory (its
 newest valid checkpoint), or a model directory in a family's layout (official or exported).
 """
+
 from __future__ import annotations
 
 import json
@@ -58,7 +59,8 @@ def resolve_checkpoint_arg(path: str | Path, option: str = "--checkpoint") -> tu
         raise ConfigError(
             f"{option} {path}: neither a run checkpoint (a step-XXXXXXXX directory with manifest.json, "
             f"weights.safetensors and state.pt, or a run directory holding checkpoints/) nor a model directory "
-            f"({describe_layouts()})")
+            f"({describe_layouts()})"
+        )
     return family, path
 
 
@@ -90,13 +92,16 @@ def trainer_config(checkpoint: Path, config_file: str | None, overrides: list[st
         source = config_file
         data = load_config_file(config_file, overrides)
     else:
-        raise ConfigError(f"--config: {checkpoint} has no saved config (none in its state.pt, no "
-                          f"{checkpoint.parent.parent / 'config.yaml'}); pass the run's config with --config FILE")
+        raise ConfigError(
+            f"--config: {checkpoint} has no saved config (none in its state.pt, no "
+            f"{checkpoint.parent.parent / 'config.yaml'}); pass the run's config with --config FILE"
+        )
     return from_dict(TrainerConfig, data), source
 
 
-def restore_policy(checkpoint: str | Path, config: TrainerConfig, device: str | torch.device = "cpu",
-                   ema: bool = False, merge: bool = True):
+def restore_policy(
+    checkpoint: str | Path, config: TrainerConfig, device: str | torch.device = "cpu", ema: bool = False, merge: bool = True
+):
     """The backbone of `config` with run checkpoint `checkpoint`'s trained tensors (its EMA of them with
     ema=True), LoRA adapters merged into the base weights unless merge=False, in eval mode."""
     checkpoint = Path(checkpoint)
@@ -106,8 +111,9 @@ def restore_policy(checkpoint: str | Path, config: TrainerConfig, device: str | 
         raise ConfigError(f"run checkpoint: {err}") from err
     if ema:
         if not state.get("ema"):
-            raise ConfigError(f"--ema: {checkpoint} holds no EMA weights (its run had run.ema_decay: 0); "
-                              "export the trained weights without --ema")
+            raise ConfigError(
+                f"--ema: {checkpoint} holds no EMA weights (its run had run.ema_decay: 0); export the trained weights without --ema"
+            )
         weights = state["ema"]
     try:
         policy = load_backbone(config.backbone, device)
@@ -118,13 +124,21 @@ def restore_policy(checkpoint: str | Path, config: TrainerConfig, device: str | 
         lora_utils.apply_lora(policy, lora.rank, lora.alpha, lora.dropout, lora.targets)
     own = dict(policy.named_parameters())
     unknown = sorted(set(weights) - set(own))
-    wrong = [f"{name}: checkpoint {tuple(value.shape)}, model {tuple(own[name].shape)}"
-             for name, value in weights.items() if name in own and value.shape != own[name].shape]
+    wrong = [
+        f"{name}: checkpoint {tuple(value.shape)}, model {tuple(own[name].shape)}"
+        for name, value in weights.items()
+        if name in own and value.shape != own[name].shape
+    ]
     if unknown or wrong:
-        problems = ([f"parameters not in the model: {unknown[:5]}" + (f" (+{len(unknown) - 5} more)" if len(unknown) > 5 else "")]
-                    if unknown else []) + ([f"shape mismatches: {'; '.join(wrong[:5])}"] if wrong else [])
-        raise ConfigError(f"{checkpoint}: its tensors do not fit the backbone and grpo.lora of the config used "
-                          f"({' | '.join(problems)}); use the config the run was trained with")
+        problems = (
+            [f"parameters not in the model: {unknown[:5]}" + (f" (+{len(unknown) - 5} more)" if len(unknown) > 5 else "")]
+            if unknown
+            else []
+        ) + ([f"shape mismatches: {'; '.join(wrong[:5])}"] if wrong else [])
+        raise ConfigError(
+            f"{checkpoint}: its tensors do not fit the backbone and grpo.lora of the config used "
+            f"({' | '.join(problems)}); use the config the run was trained with"
+        )
     with torch.no_grad():
         for name, value in weights.items():
             own[name].copy_(value.to(own[name].device))
@@ -143,8 +157,10 @@ def command_settings(config_file: str | None, checkpoint: str | None, overrides:
     data = load_config_file(config_file, overrides) if config_file else None
     if checkpoint is None:
         if data is None:
-            raise ConfigError("--config: required without --checkpoint (expected a YAML config, or --checkpoint "
-                              "naming a run, a run checkpoint or a model directory)")
+            raise ConfigError(
+                "--config: required without --checkpoint (expected a YAML config, or --checkpoint "
+                "naming a run, a run checkpoint or a model directory)"
+            )
         return data, None
     kind, path = resolve_checkpoint_arg(checkpoint)
     if data is None:
@@ -153,7 +169,9 @@ def command_settings(config_file: str | None, checkpoint: str | None, overrides:
         return data, path
     backbone = data.setdefault("backbone", {})
     if config_file and backbone.get("name", "tiny") != kind:
-        raise ConfigError(f"--checkpoint {path}: holds a {kind} model, but the config's backbone.name is "
-                          f"{backbone.get('name', 'tiny')!r}; pass backbone.name={kind} or a {kind} config")
+        raise ConfigError(
+            f"--checkpoint {path}: holds a {kind} model, but the config's backbone.name is "
+            f"{backbone.get('name', 'tiny')!r}; pass backbone.name={kind} or a {kind} config"
+        )
     backbone.update(name=kind, checkpoint=str(path))
     return data, None

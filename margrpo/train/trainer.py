@@ -6,6 +6,7 @@ the policy itself with its adapters disabled. run.ema_decay keeps an EMA of the 
 
     margrpo train --config configs/shapes-tiny.yaml [key=value ...]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -129,13 +130,14 @@ class Trainer:
             dist_utils.shard_fsdp2(self.policy, self.device)
         self.ema = _EMA(self.policy, run.ema_decay) if run.ema_decay else None  # after sharding: shaped like the shards
         self.collectives = Collectives(
-            all_ranks=dist_utils.all_ranks, clip_grad_norm=dist_utils.clip_grad_norm, mean=dist_utils.mean,
+            all_ranks=dist_utils.all_ranks,
+            clip_grad_norm=dist_utils.clip_grad_norm,
+            mean=dist_utils.mean,
             # FSDP2 reduce-scatters the gradients in backward already
             reduce_gradients=(lambda module: None) if self.sharded else dist_utils.average_gradients,
         )
         self.reward = self._build_reward()
-        (self.train_prompts, self.train_metadata), (self.eval_prompts, self.eval_metadata) = \
-            self._load_prompts(evaluation_only)
+        (self.train_prompts, self.train_metadata), (self.eval_prompts, self.eval_metadata) = self._load_prompts(evaluation_only)
         self._check_metadata(evaluation_only)
         self.flat_steps = {term.name: 0 for term in self.reward.terms}  # steps in a row without within-group variance
         self.prompt_groups = self._prompt_groups()
@@ -153,8 +155,9 @@ class Trainer:
             if self.is_main:  # after the resume, which may refuse this config
                 (self.out_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
                 # the log continues from the checkpoint: a resumed run logs from its step + 1, a new one from 0
-                self.logger = MetricsLogger(self.out_dir, run.tensorboard, run.wandb, to_dict(config),
-                                            start_step=self.step + 1 if self.step else 0)
+                self.logger = MetricsLogger(
+                    self.out_dir, run.tensorboard, run.wandb, to_dict(config), start_step=self.step + 1 if self.step else 0
+                )
 
     @classmethod
     def from_files(cls, path, overrides=(), create_run_dir: bool = True) -> "Trainer":
@@ -169,8 +172,7 @@ class Trainer:
             # rank (and in one process), so it draws from the run seed (peft initialises on the CPU)
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(self.config.run.seed)
-                trainable = lora_utils.apply_lora(self.policy, g.lora.rank, g.lora.alpha, g.lora.dropout,
-                                                  g.lora.targets)
+                trainable = lora_utils.apply_lora(self.policy, g.lora.rank, g.lora.alpha, g.lora.dropout, g.lora.targets)
         else:
             trainable = self.policy.trainable_parameters()
         for p in trainable:
@@ -212,8 +214,9 @@ class Trainer:
         the model loaded, and checked before any work."""
         steps, tokens = self.config.rollout.num_mask_steps, self.policy.num_tokens
         if steps > tokens:  # before the schedule, whose cost grows with the steps whatever the tokens
-            raise ConfigError(f"rollout.num_mask_steps: got {steps}, expected at most the model's {tokens} tokens "
-                              "(a step beyond them reveals nothing)")
+            raise ConfigError(
+                f"rollout.num_mask_steps: got {steps}, expected at most the model's {tokens} tokens (a step beyond them reveals nothing)"
+            )
         try:
             self._plan(0)
         except ValueError as err:  # choose_plan names the rollout key
@@ -250,8 +253,7 @@ class Trainer:
                 raise ConfigError(f"run.{key}: {path} holds no prompt (expected one per non-empty line)")
             return prompts_and_metadata(records)
 
-        heldout = (read("eval_prompts", run.eval_prompts) if run.eval_prompts
-                   else (balanced_prompts("heldout", run.eval_per_category), None))
+        heldout = read("eval_prompts", run.eval_prompts) if run.eval_prompts else (balanced_prompts("heldout", run.eval_per_category), None)
         if evaluation_only:
             return heldout, heldout
         train = read("train_prompts", run.train_prompts) if run.train_prompts else (load_prompts("train"), None)
@@ -272,7 +274,8 @@ class Trainer:
                 raise ConfigError(
                     f"run.{key}: reward(s) {', '.join(needing)} score the objects, counts and relations named in "
                     f"per-prompt metadata, and {getattr(self.config.run, key) or 'the ShapesWorld split'} carries "
-                    "none; give a .jsonl prompt file with 'objects' (and 'position') per prompt (docs/USING.md)")
+                    "none; give a .jsonl prompt file with 'objects' (and 'position') per prompt (docs/USING.md)"
+                )
 
     def _prompt_groups(self) -> list[list[int]]:
         """Indices of the train prompts, one list per group a step draws from uniformly (run.train_prompt_mix)."""
@@ -336,15 +339,30 @@ class Trainer:
         if self.config.grpo.group_noise == "antithetic":
             mirror = mirror_pairs(len(slots), group_size)
         self.policy.eval()
-        return prompts, generate(self.policy, prompts, self.config.rollout, seeds, sampler=self.sampler,
-                                 plan=self._plan(step), shared_seeds=shared, mirror=mirror)
+        return prompts, generate(
+            self.policy,
+            prompts,
+            self.config.rollout,
+            seeds,
+            sampler=self.sampler,
+            plan=self._plan(step),
+            shared_seeds=shared,
+            mirror=mirror,
+        )
 
     def _plan(self, step: int):
         cfg = self.config.rollout
         counts = mask_schedule(self.policy.num_tokens, cfg.num_mask_steps, cfg.schedule)
         rng = torch.Generator().manual_seed(self.config.run.seed * 7_919 + step)  # same plan on every rank
-        plan = choose_plan(counts, self.sampler, cfg.record_mask_steps, cfg.record_diffusion_steps, rng,
-                           known_mask=cfg.known_mask, diffusion_range=cfg.record_diffusion_range)
+        plan = choose_plan(
+            counts,
+            self.sampler,
+            cfg.record_mask_steps,
+            cfg.record_diffusion_steps,
+            rng,
+            known_mask=cfg.known_mask,
+            diffusion_range=cfg.record_diffusion_range,
+        )
         # matching scores the committed tokens of the recorded mask steps: no transitions to record (the
         # same mask steps as under transition, so runs of the two estimators pair step by step)
         return plan.mask_steps_only() if self.config.grpo.estimator == "matching" else plan
@@ -356,8 +374,9 @@ class Trainer:
             all_prompts = dist_utils.all_gather_objects(prompts)
             advantages = self.tracker(all_prompts, all_rewards)
         else:
-            advantages = adv_mod.group_advantages(all_rewards, g.group_size, g.advantage, g.advantage_eps,
-                                                  unbiased=g.advantage_std == "unbiased")
+            advantages = adv_mod.group_advantages(
+                all_rewards, g.group_size, g.advantage, g.advantage_eps, unbiased=g.advantage_std == "unbiased"
+            )
         if g.drop_zero_variance:
             advantages = advantages * ~adv_mod.zero_variance_groups(all_rewards, g.group_size)
         mine = slice(self.rank * rewards.numel(), (self.rank + 1) * rewards.numel())
@@ -408,9 +427,18 @@ class Trainer:
         # an update of several optimizer steps can meet a non-finite loss after some of them: keep what
         # it starts from, so that a skipped step changes nothing (one step checks before it moves)
         snapshot = _Snapshot(self.policy, self.optimizer) if self._optimizer_steps() > 1 else None
-        outcome = update(self.policy, self._reference_policy(), rollout, advantages, self.config.grpo,
-                         self.optimizer, grad_clip=grad_clip, bf16=self.config.optim.bf16,
-                         collectives=self.collectives, samples=samples)
+        outcome = update(
+            self.policy,
+            self._reference_policy(),
+            rollout,
+            advantages,
+            self.config.grpo,
+            self.optimizer,
+            grad_clip=grad_clip,
+            bf16=self.config.optim.bf16,
+            collectives=self.collectives,
+            samples=samples,
+        )
         if outcome.skipped:
             if snapshot is not None:
                 snapshot.restore()
@@ -422,13 +450,16 @@ class Trainer:
         self.bad_steps = 0
         metrics.update(outcome.metrics)
         all_advantages = dist_utils.all_gather_cat(advantages)
-        metrics.update({
-            "advantage_mean": all_advantages.mean().item(), "advantage_abs_mean": all_advantages.abs().mean().item(),
-            # groups whose rewards are all equal carry no advantage: a coarse reward starves GRPO
-            "zero_variance_fraction": adv_mod.zero_variance_groups(
-                all_rewards, self.config.grpo.group_size).float().mean().item(),
-            "lr": self.scheduler.get_last_lr()[0], "skipped_total": self.skipped_total,
-        })
+        metrics.update(
+            {
+                "advantage_mean": all_advantages.mean().item(),
+                "advantage_abs_mean": all_advantages.abs().mean().item(),
+                # groups whose rewards are all equal carry no advantage: a coarse reward starves GRPO
+                "zero_variance_fraction": adv_mod.zero_variance_groups(all_rewards, self.config.grpo.group_size).float().mean().item(),
+                "lr": self.scheduler.get_last_lr()[0],
+                "skipped_total": self.skipped_total,
+            }
+        )
         total_time = sum(timings.values())
         metrics.update(timings)
         metrics["images_per_s"] = len(prompts) * self.world / max(total_time, 1e-9)
@@ -439,13 +470,19 @@ class Trainer:
         advantage for GRPO); say so on stderr when a count reaches run.flat_reward_warn_steps."""
         every = self.config.run.flat_reward_warn_steps
         for name, scores in raw.items():
-            flat = adv_mod.zero_variance_groups(dist_utils.all_gather_cat(scores.float().to(self.device)),
-                                                self.config.grpo.group_size).all().item()
+            flat = (
+                adv_mod.zero_variance_groups(dist_utils.all_gather_cat(scores.float().to(self.device)), self.config.grpo.group_size)
+                .all()
+                .item()
+            )
             self.flat_steps[name] = self.flat_steps.get(name, 0) + 1 if flat else 0
             if every and self.flat_steps[name] == every and self.is_main:
-                print(f"[margrpo] step {self.step}: reward {name!r} gave every group identical scores for {every} "
-                      "steps in a row: it gives GRPO no advantage (a reward blind to these images or prompts, "
-                      "missing metadata, or a saturated score?)", file=sys.stderr)
+                print(
+                    f"[margrpo] step {self.step}: reward {name!r} gave every group identical scores for {every} "
+                    "steps in a row: it gives GRPO no advantage (a reward blind to these images or prompts, "
+                    "missing metadata, or a saturated score?)",
+                    file=sys.stderr,
+                )
 
     def _optimizer_steps(self) -> int:
         """An upper bound on the optimizer steps of one update (fewer when a minibatch would be empty)."""
@@ -474,13 +511,15 @@ class Trainer:
         run = self.config.run
         self.policy.eval()
         with self.ema.swapped_in() if run.eval_ema else contextlib.nullcontext():
-            prompts, images = generate_images(self.policy, self.sampler, self.config.rollout, self.eval_prompts,
-                                              run.eval_samples_per_prompt, run.eval_seed)
+            prompts, images = generate_images(
+                self.policy, self.sampler, self.config.rollout, self.eval_prompts, run.eval_samples_per_prompt, run.eval_seed
+            )
         if "shapes" in self.config.rewards:
             summary = verifier_summary(images, prompts)
         else:
-            metadata = None if self.eval_metadata is None else [
-                m for m in self.eval_metadata for _ in range(run.eval_samples_per_prompt)]  # as generate_images repeats
+            metadata = (
+                None if self.eval_metadata is None else [m for m in self.eval_metadata for _ in range(run.eval_samples_per_prompt)]
+            )  # as generate_images repeats
             summary = {"reward": self.reward(images, prompts, metadata).total.mean().item()}
         summary = {f"heldout/{k}": v for k, v in summary.items()}
         if log and self.logger is not None:
@@ -505,11 +544,17 @@ class Trainer:
         if not self.is_main:
             return None
         state = {
-            "step": self.step, "optimizer": optimizer, "scheduler": self.scheduler.state_dict(),
-            "rng": ckpt.rng_state(), "tracker": None if self.tracker is None else self.tracker.state_dict(),
-            "bad_steps": self.bad_steps, "skipped_total": self.skipped_total, "ema": ema,
+            "step": self.step,
+            "optimizer": optimizer,
+            "scheduler": self.scheduler.state_dict(),
+            "rng": ckpt.rng_state(),
+            "tracker": None if self.tracker is None else self.tracker.state_dict(),
+            "bad_steps": self.bad_steps,
+            "skipped_total": self.skipped_total,
+            "ema": ema,
             "reference": self._refreshed_reference(),
-            "config": yaml.safe_dump(to_dict(self.config), sort_keys=False), "world": self.world,  # what a resume must match
+            "config": yaml.safe_dump(to_dict(self.config), sort_keys=False),
+            "world": self.world,  # what a resume must match
         }
         return ckpt.save(self.out_dir / "checkpoints", self.step, weights, state, self.config.run.keep_last)
 
@@ -536,8 +581,7 @@ class Trainer:
         which must come from the same settings (check_resume_config)."""
         weights, state = ckpt.load(path)
         if not weights_only and "config" in state:
-            changed = check_resume_config(yaml.safe_load(state["config"]), state["world"], to_dict(self.config),
-                                          self.world, path)
+            changed = check_resume_config(yaml.safe_load(state["config"]), state["world"], to_dict(self.config), self.world, path)
         else:
             changed = []
         own = dict(self.policy.named_parameters())
@@ -552,8 +596,10 @@ class Trainer:
         try:
             dist_utils.load_optimizer_state(self.policy, self.optimizer, state["optimizer"])
         except (KeyError, ValueError) as err:  # a checkpoint of other trainable parameters (grpo.head, lora)
-            raise ConfigError(f"{path}: its optimizer state does not fit this config's trainable parameters "
-                              f"({err}); resume with the settings it was written with") from err
+            raise ConfigError(
+                f"{path}: its optimizer state does not fit this config's trainable parameters "
+                f"({err}); resume with the settings it was written with"
+            ) from err
         self.scheduler.load_state_dict(state["scheduler"])
         ckpt.set_rng_state(state["rng"])
         if self.tracker is not None and state.get("tracker"):
@@ -616,9 +662,24 @@ class Trainer:
 
 # keys a resumed run may change: they set how long it runs, where and how it reports, not what it
 # trains (run.steps also rescales a cosine schedule over the new length)
-RESUME_OVERRIDES = ("run.steps", "run.out_dir", "run.device", "run.threads", "run.parallel", "run.save_every",
-                    "run.keep_last", "run.eval_every", "run.log_every", "run.tensorboard", "run.wandb",
-                    "run.max_bad_steps", "run.resume", "run.eval_ema", "run.flat_reward_warn_steps", "pretrain")
+RESUME_OVERRIDES = (
+    "run.steps",
+    "run.out_dir",
+    "run.device",
+    "run.threads",
+    "run.parallel",
+    "run.save_every",
+    "run.keep_last",
+    "run.eval_every",
+    "run.log_every",
+    "run.tensorboard",
+    "run.wandb",
+    "run.max_bad_steps",
+    "run.resume",
+    "run.eval_ema",
+    "run.flat_reward_warn_steps",
+    "pretrain",
+)
 GLOBAL_BATCH = "grpo.prompts_per_step"  # per rank: a resume compares it times the world size
 
 
@@ -655,7 +716,8 @@ def check_resume_config(saved: dict, saved_world: int, current: dict, world: int
         raise ConfigError(
             f"run.resume: {path} was written with other settings: {'; '.join(refused)}. A resumed run keeps its "
             f"settings except {', '.join(RESUME_OVERRIDES)}; restore them, or start a new run "
-            "(another run.out_dir, or run.resume=never)")
+            "(another run.out_dir, or run.resume=never)"
+        )
     return [describe(k) for k in changed]
 
 

@@ -9,12 +9,24 @@ as a margrpo MAR backbone.
 Modules: config (HarmonConfig from config.json), presets (named sizes, random init), model (the
 backbone), mar / llm / vae (its parts), checkpoint (official layouts: load, save_pretrained).
 """
+
 from .checkpoint import MissingCheckpointError, load, load_state_dict, save_pretrained
 from .config import HarmonConfig, MARConfig, VAEConfig
 from .model import NEGATIVE_PROMPT, Harmon
 from .presets import PRESETS, build, byte_tokenizer, preset
 
 __all__ = [
-    "NEGATIVE_PROMPT", "PRESETS", "Harmon", "HarmonConfig", "MARConfig", "MissingCheckpointError", "VAEConfig",
-    "build", "byte_tokenizer", "load", "load_state_dict", "preset", "save_pretrained",
+    "NEGATIVE_PROMPT",
+    "PRESETS",
+    "Harmon",
+    "HarmonConfig",
+    "MARConfig",
+    "MissingCheckpointError",
+    "VAEConfig",
+    "build",
+    "byte_tokenizer",
+    "load",
+    "load_state_dict",
+    "preset",
+    "save_pretrained",
 ]

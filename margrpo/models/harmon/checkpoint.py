@@ -20,6 +20,7 @@ Two layouts of a local directory are recognised:
 Every key and shape is checked; missing pieces raise errors that name the file and where to get it.
 Weights are read with safetensors or torch.load(weights_only=True); nothing is downloaded.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,8 +45,15 @@ class MissingCheckpointError(FileNotFoundError):
     """A part of the Harmon checkpoint is not in the directory; the message says where to get it."""
 
 
-def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None, *,
-         image_size: int | None = None, preset_name: str | None = None, **options) -> Harmon:
+def load(
+    path: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    *,
+    image_size: int | None = None,
+    preset_name: str | None = None,
+    **options,
+) -> Harmon:
     """Harmon from a local directory in one of the official layouts (module docstring), in eval mode.
 
     dtype: cast after loading (None keeps the checkpoint's floats as float32). image_size: the
@@ -54,8 +62,9 @@ def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtyp
     (trainable, reference_behaviour, gradient_checkpointing, lora_rank)."""
     root = Path(path)
     if not root.is_dir():
-        raise MissingCheckpointError(f"Harmon checkpoint: {root} is not a directory. Get the model with "
-                                     f"{HF_GET.format(dir=root)}{INIT_MODEL}")
+        raise MissingCheckpointError(
+            f"Harmon checkpoint: {root} is not a directory. Get the model with {HF_GET.format(dir=root)}{INIT_MODEL}"
+        )
     if (root / "config.json").is_file():
         config, state, tokenizer_dir = _read_hf_layout(root, image_size)
     else:
@@ -77,8 +86,11 @@ def load_state_dict(model: Harmon, state: dict[str, torch.Tensor]) -> None:
     optional = {"llm.lm_head.weight"} if model.llm.config.tie_word_embeddings else set()
     missing = sorted(set(expected) - set(state) - optional)
     unexpected = sorted(set(state) - set(expected))
-    wrong = [f"{k}: checkpoint {tuple(state[k].shape)}, model {tuple(v.shape)}"
-             for k, v in expected.items() if k in state and state[k].shape != v.shape]
+    wrong = [
+        f"{k}: checkpoint {tuple(state[k].shape)}, model {tuple(v.shape)}"
+        for k, v in expected.items()
+        if k in state and state[k].shape != v.shape
+    ]
     problems = []
     for label, items in (("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches", wrong)):
         if items:
@@ -93,8 +105,10 @@ def load_state_dict(model: Harmon, state: dict[str, torch.Tensor]) -> None:
 def _read_hf_layout(root: Path, image_size: int | None):
     values = json.loads((root / "config.json").read_text())
     if "llm" not in values or "mar" not in values:
-        raise ValueError(f"{root / 'config.json'}: not a Harmon config (expected 'llm' and 'mar' sections, got keys "
-                         f"{sorted(values)[:10]}); get the model with {HF_GET.format(dir=root)}")
+        raise ValueError(
+            f"{root / 'config.json'}: not a Harmon config (expected 'llm' and 'mar' sections, got keys "
+            f"{sorted(values)[:10]}); get the model with {HF_GET.format(dir=root)}"
+        )
     config = HarmonConfig.from_official(values, image_size)
     return config, _read_weights(root), root
 
@@ -105,23 +119,26 @@ def _read_github_layout(root: Path, image_size: int | None, preset_name: str | N
         raise MissingCheckpointError(
             f"Harmon checkpoint: {root} has neither config.json (the Hugging Face layout; get it with "
             f"{HF_GET.format(dir=root)}) nor harmon_1.5b.pth (the GitHub layout; get it with "
-            f"huggingface-cli download wusize/harmon --local-dir {root}){INIT_MODEL}")
+            f"huggingface-cli download wusize/harmon --local-dir {root}){INIT_MODEL}"
+        )
     weights_file = root / found[0]
     name = preset_name or GITHUB_FILES.get(weights_file.name)
     if name is None:
-        raise ValueError(f"{weights_file}: unknown file name, expected one of {sorted(GITHUB_FILES)}, or pass "
-                         "preset_name= to say which architecture it holds")
+        raise ValueError(
+            f"{weights_file}: unknown file name, expected one of {sorted(GITHUB_FILES)}, or pass "
+            "preset_name= to say which architecture it holds"
+        )
     config = preset(name)
     if image_size is not None:
         config = HarmonConfig(config.llm, config.mar, config.vae, config.vae_scale, image_size)
     qwen_dir = _llm_dir(root, QWEN_DIRS.get(name, QWEN_DIRS["harmon-1.5b"]))
     missing = []
     if not (root / VAE_FILE).is_file():
-        missing.append(f"{root / VAE_FILE} (the KL-16 VAE: huggingface-cli download wusize/harmon {VAE_FILE} "
-                       f"--local-dir {root})")
+        missing.append(f"{root / VAE_FILE} (the KL-16 VAE: huggingface-cli download wusize/harmon {VAE_FILE} --local-dir {root})")
     if not (qwen_dir / "config.json").is_file():
-        missing.append(f"{qwen_dir}/config.json and tokenizer (the LLM: huggingface-cli download "
-                       f"Qwen/{qwen_dir.name} --local-dir {qwen_dir})")
+        missing.append(
+            f"{qwen_dir}/config.json and tokenizer (the LLM: huggingface-cli download Qwen/{qwen_dir.name} --local-dir {qwen_dir})"
+        )
     if missing:
         raise MissingCheckpointError(f"Harmon checkpoint ({weights_file.name}): missing " + "; ".join(missing))
     llm_values = json.loads((qwen_dir / "config.json").read_text())
@@ -166,24 +183,28 @@ def _read_weights(root: Path) -> dict[str, torch.Tensor]:
         shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         absent = [s for s in shards if not (root / s).is_file()]
         if absent:
-            raise MissingCheckpointError(f"{index} lists shard(s) not in the directory: {absent}; download the "
-                                         f"whole model ({HF_GET.format(dir=root)})")
+            raise MissingCheckpointError(
+                f"{index} lists shard(s) not in the directory: {absent}; download the whole model ({HF_GET.format(dir=root)})"
+            )
         state = {}
         for shard in shards:
             state.update(load_file(str(root / shard)))
         return state
     if (root / "pytorch_model.bin").is_file():
         return _torch_load(root / "pytorch_model.bin")
-    raise MissingCheckpointError(f"{root}: no weights (model.safetensors, model.safetensors.index.json or "
-                                 f"pytorch_model.bin); get them with {HF_GET.format(dir=root)}")
+    raise MissingCheckpointError(
+        f"{root}: no weights (model.safetensors, model.safetensors.index.json or "
+        f"pytorch_model.bin); get them with {HF_GET.format(dir=root)}"
+    )
 
 
 def _load_tokenizer(root: Path):
     from transformers import AutoTokenizer
 
     if not any(all((root / f).is_file() for f in files) for files in TOKENIZER_FILES):
-        raise MissingCheckpointError(f"{root}: no tokenizer (tokenizer.json, or vocab.json + merges.txt); it comes "
-                                     f"with the model: {HF_GET.format(dir=root)}")
+        raise MissingCheckpointError(
+            f"{root}: no tokenizer (tokenizer.json, or vocab.json + merges.txt); it comes with the model: {HF_GET.format(dir=root)}"
+        )
     return AutoTokenizer.from_pretrained(str(root), local_files_only=True)
 
 

@@ -11,6 +11,7 @@ model code, and images are generated at 512 px (a 32x32 token grid; the MAR posi
 learned for 16x16, are interpolated). Three optional keys, absent from official files, let small test
 checkpoints describe themselves: "vae" (VAEConfig fields), "vae_scale" and "image_size".
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -60,16 +61,33 @@ class MARConfig:
     num_sampling_steps: str = "100"
 
     def __post_init__(self) -> None:
-        _positive_ints(self, ("encoder_embed_dim", "encoder_depth", "encoder_num_heads", "decoder_embed_dim",
-                              "decoder_depth", "decoder_num_heads", "img_size", "vae_stride", "patch_size",
-                              "vae_embed_dim", "buffer_size", "class_num", "diffloss_d", "diffloss_w"), "mar")
+        _positive_ints(
+            self,
+            (
+                "encoder_embed_dim",
+                "encoder_depth",
+                "encoder_num_heads",
+                "decoder_embed_dim",
+                "decoder_depth",
+                "decoder_num_heads",
+                "img_size",
+                "vae_stride",
+                "patch_size",
+                "vae_embed_dim",
+                "buffer_size",
+                "class_num",
+                "diffloss_d",
+                "diffloss_w",
+            ),
+            "mar",
+        )
         for width, heads in (("encoder_embed_dim", "encoder_num_heads"), ("decoder_embed_dim", "decoder_num_heads")):
             if getattr(self, width) % getattr(self, heads):
-                raise ValueError(f"mar.{heads}: got {getattr(self, heads)}, expected a divisor of "
-                                 f"mar.{width} = {getattr(self, width)}")
+                raise ValueError(f"mar.{heads}: got {getattr(self, heads)}, expected a divisor of mar.{width} = {getattr(self, width)}")
         if self.img_size % (self.vae_stride * self.patch_size):
-            raise ValueError(f"mar.img_size: got {self.img_size}, expected a multiple of vae_stride * patch_size "
-                             f"= {self.vae_stride * self.patch_size}")
+            raise ValueError(
+                f"mar.img_size: got {self.img_size}, expected a multiple of vae_stride * patch_size = {self.vae_stride * self.patch_size}"
+            )
         self.num_sampling_steps = str(self.num_sampling_steps)
 
     @property
@@ -91,15 +109,22 @@ class MARConfig:
             if kind not in MAR_TYPES:
                 raise ValueError(f"config.json mar.type: got {kind!r}, expected one of {', '.join(MAR_TYPES)}")
             width, depth, heads = MAR_TYPES[kind]
-            args = dict(encoder_embed_dim=width, encoder_depth=depth, encoder_num_heads=heads,
-                        decoder_embed_dim=width, decoder_depth=depth, decoder_num_heads=heads)
+            args = dict(
+                encoder_embed_dim=width,
+                encoder_depth=depth,
+                encoder_num_heads=heads,
+                decoder_embed_dim=width,
+                decoder_depth=depth,
+                decoder_num_heads=heads,
+            )
         for name in MAR_TRAINING_ONLY:
             values.pop(name, None)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
-            raise ValueError(f"config.json mar: unknown key(s) {unknown}; expected some of "
-                             f"{sorted(known | set(MAR_TRAINING_ONLY) | {'type'})}")
+            raise ValueError(
+                f"config.json mar: unknown key(s) {unknown}; expected some of {sorted(known | set(MAR_TRAINING_ONLY) | {'type'})}"
+            )
         return cls(**{**args, **values})
 
     def to_official(self) -> dict[str, Any]:
@@ -109,8 +134,14 @@ class MARConfig:
         same = dims == (self.decoder_embed_dim, self.decoder_depth, self.decoder_num_heads)
         kind = next((k for k, v in MAR_TYPES.items() if same and v == dims), None)
         if kind is not None:
-            for name in ("encoder_embed_dim", "encoder_depth", "encoder_num_heads", "decoder_embed_dim",
-                         "decoder_depth", "decoder_num_heads"):
+            for name in (
+                "encoder_embed_dim",
+                "encoder_depth",
+                "encoder_num_heads",
+                "decoder_embed_dim",
+                "decoder_depth",
+                "decoder_num_heads",
+            ):
                 del values[name]
             values = {"type": kind, **values}
         return values
@@ -136,8 +167,10 @@ class VAEConfig:
         if not self.ch_mult or any(not isinstance(m, int) or m < 1 for m in self.ch_mult):
             raise ValueError(f"vae.ch_mult: got {self.ch_mult!r}, expected positive integers")
         if any(self.ch * m % 32 for m in self.ch_mult):
-            raise ValueError(f"vae.ch: got {self.ch} with ch_mult {self.ch_mult}, expected every level's channels "
-                             "to be a multiple of 32 (GroupNorm with 32 groups)")
+            raise ValueError(
+                f"vae.ch: got {self.ch} with ch_mult {self.ch_mult}, expected every level's channels "
+                "to be a multiple of 32 (GroupNorm with 32 groups)"
+            )
 
     @property
     def stride(self) -> int:
@@ -159,15 +192,14 @@ class HarmonConfig:
             if name not in self.llm:
                 raise ValueError(f"llm: missing {name!r}; expected a Qwen2 config dict (config.json 'llm' section)")
         if self.vae.embed_dim != self.mar.vae_embed_dim:
-            raise ValueError(f"mar.vae_embed_dim: got {self.mar.vae_embed_dim}, expected the VAE's embed_dim "
-                             f"{self.vae.embed_dim}")
+            raise ValueError(f"mar.vae_embed_dim: got {self.mar.vae_embed_dim}, expected the VAE's embed_dim {self.vae.embed_dim}")
         if self.vae.stride != self.mar.vae_stride:
-            raise ValueError(f"mar.vae_stride: got {self.mar.vae_stride}, expected the VAE's downsampling "
-                             f"{self.vae.stride} (2 ** (len(ch_mult) - 1))")
+            raise ValueError(
+                f"mar.vae_stride: got {self.mar.vae_stride}, expected the VAE's downsampling {self.vae.stride} (2 ** (len(ch_mult) - 1))"
+            )
         step = self.mar.vae_stride * self.mar.patch_size
         if not isinstance(self.image_size, int) or self.image_size < step or self.image_size % step:
-            raise ValueError(f"image_size: got {self.image_size!r}, expected a positive multiple of "
-                             f"vae_stride * patch_size = {step}")
+            raise ValueError(f"image_size: got {self.image_size!r}, expected a positive multiple of vae_stride * patch_size = {step}")
 
     @property
     def grid(self) -> int:
@@ -184,14 +216,17 @@ class HarmonConfig:
         known = {f.name for f in dataclasses.fields(VAEConfig)}
         if set(vae) - known:
             raise ValueError(f"config.json vae: unknown key(s) {sorted(set(vae) - known)}; expected some of {sorted(known)}")
-        return cls(llm=dict(values["llm"]), mar=MARConfig.from_official(values["mar"]), vae=VAEConfig(**vae),
-                   vae_scale=float(values.get("vae_scale", VAE_SCALE)),
-                   image_size=image_size or int(values.get("image_size", IMAGE_SIZE)))
+        return cls(
+            llm=dict(values["llm"]),
+            mar=MARConfig.from_official(values["mar"]),
+            vae=VAEConfig(**vae),
+            vae_scale=float(values.get("vae_scale", VAE_SCALE)),
+            image_size=image_size or int(values.get("image_size", IMAGE_SIZE)),
+        )
 
     def to_official(self) -> dict[str, Any]:
         """config.json content (the optional keys only where they differ from the official model)."""
-        values: dict[str, Any] = {"architectures": ["HarmonModel"], "model_type": "harmon", "llm": self.llm,
-                                  "mar": self.mar.to_official()}
+        values: dict[str, Any] = {"architectures": ["HarmonModel"], "model_type": "harmon", "llm": self.llm, "mar": self.mar.to_official()}
         if self.vae != VAEConfig():
             values["vae"] = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self.vae).items()}
         if self.vae_scale != VAE_SCALE:

@@ -13,6 +13,7 @@ positions continue from each row's real prompt length.
 transformers moved things between versions (4.4x: `past_key_values=`, `cache.key_cache`; 4.56+:
 `cache.layers[i].keys`; 5.x: `cache=`); the helpers below accept each.
 """
+
 from __future__ import annotations
 
 import inspect

@@ -14,6 +14,7 @@ model is built with `dropout=True` (the reference code's training forward), and 
 training-mode forward that records gradients: the policy's likelihood pass, never a rollout or the
 frozen reference model's pass (both run without gradient), as in the reference code.
 """
+
 from __future__ import annotations
 
 import torch
@@ -103,14 +104,16 @@ class MAR(nn.Module):
         self.z_proj_ln = nn.LayerNorm(enc, eps=LN_EPS)
         self.encoder_pos_embed_learned = nn.Parameter(torch.zeros(1, positions, enc))
         self.encoder_blocks = nn.ModuleList(
-            Block(enc, config.encoder_num_heads, config.mlp_ratio, attn_drop, proj_drop) for _ in range(config.encoder_depth))
+            Block(enc, config.encoder_num_heads, config.mlp_ratio, attn_drop, proj_drop) for _ in range(config.encoder_depth)
+        )
         self.encoder_norm = nn.LayerNorm(enc, eps=LN_EPS)
 
         self.decoder_embed = nn.Linear(enc, dec)
         self.mask_token = nn.Parameter(torch.zeros(1, 1, dec))
         self.decoder_pos_embed_learned = nn.Parameter(torch.zeros(1, positions, dec))
         self.decoder_blocks = nn.ModuleList(
-            Block(dec, config.decoder_num_heads, config.mlp_ratio, attn_drop, proj_drop) for _ in range(config.decoder_depth))
+            Block(dec, config.decoder_num_heads, config.mlp_ratio, attn_drop, proj_drop) for _ in range(config.decoder_depth)
+        )
         self.decoder_norm = nn.LayerNorm(dec, eps=LN_EPS)
         self.diffusion_pos_embed_learned = nn.Parameter(torch.zeros(1, config.seq_side**2, dec))
         self._init_weights()
@@ -119,8 +122,14 @@ class MAR(nn.Module):
 
     def _init_weights(self) -> None:
         """The official MAR init (normal 0.02 embeddings, xavier Linears, unit LayerNorms)."""
-        for param in (self.class_emb.weight, self.fake_latent, self.mask_token, self.encoder_pos_embed_learned,
-                      self.decoder_pos_embed_learned, self.diffusion_pos_embed_learned):
+        for param in (
+            self.class_emb.weight,
+            self.fake_latent,
+            self.mask_token,
+            self.encoder_pos_embed_learned,
+            self.decoder_pos_embed_learned,
+            self.diffusion_pos_embed_learned,
+        ):
             nn.init.normal_(param, std=0.02)
         for module in self.modules():
             if isinstance(module, nn.Linear):

@@ -19,6 +19,7 @@ without gradient, so never there), and within one generation the unconditional (
 rows see the canvas of the previous forward_z call, i.e. the CFG canvas lags one mask step. The
 default (False) has no dropout and the same canvas for both CFG halves.
 """
+
 from __future__ import annotations
 
 import weakref
@@ -85,8 +86,16 @@ class Harmon(nn.Module):
         lora_rank: LoRA rank for trainable="mar+lora" (alpha = 2 * rank).
     """
 
-    def __init__(self, config: HarmonConfig, tokenizer, *, trainable: Literal["mar", "mar+llm", "mar+lora"] = "mar",
-                 reference_behaviour: bool = False, gradient_checkpointing: bool = True, lora_rank: int = 16):
+    def __init__(
+        self,
+        config: HarmonConfig,
+        tokenizer,
+        *,
+        trainable: Literal["mar", "mar+llm", "mar+lora"] = "mar",
+        reference_behaviour: bool = False,
+        gradient_checkpointing: bool = True,
+        lora_rank: int = 16,
+    ):
         super().__init__()
         if trainable not in TRAINABLE:
             raise ValueError(f"trainable: got {trainable!r}, expected one of {', '.join(TRAINABLE)}")
@@ -131,29 +140,28 @@ class Harmon(nn.Module):
         bad = [p for p in prompts if not isinstance(p, str) or not p.strip()]
         if bad:
             raise ValueError(f"prompts: got {bad[:3]!r}, expected non-empty strings")
-        encoded = self.tokenizer([self.format_prompt(p) for p in prompts], add_special_tokens=True, padding=True,
-                                 return_tensors="pt")
+        encoded = self.tokenizer([self.format_prompt(p) for p in prompts], add_special_tokens=True, padding=True, return_tensors="pt")
         embedding = self.llm.get_input_embeddings()
         ids = encoded["input_ids"].to(embedding.weight.device)
         return PromptBatch(embedding(ids), encoded["attention_mask"].to(ids.device).bool())
 
-    def forward_z(self, prompts: PromptBatch, canvas: torch.Tensor, known: torch.Tensor,
-                  known_count: int | None = None) -> torch.Tensor:
+    def forward_z(self, prompts: PromptBatch, canvas: torch.Tensor, known: torch.Tensor, known_count: int | None = None) -> torch.Tensor:
         """canvas [B, N, C] (read where known), known bool [B, N] (the same count in every row) -> z [B, N, D].
 
         known_count: that count when the caller knows it (see MARBackbone.forward_z); without it the
         counts are read back and checked (two syncs on a GPU)."""
         batch = len(prompts)
         if canvas.shape != (batch, self.num_tokens, self.token_channels):
-            raise ValueError(f"canvas: got shape {tuple(canvas.shape)}, expected "
-                             f"[{batch}, {self.num_tokens}, {self.token_channels}]")
+            raise ValueError(f"canvas: got shape {tuple(canvas.shape)}, expected [{batch}, {self.num_tokens}, {self.token_channels}]")
         if known.shape != (batch, self.num_tokens) or known.dtype != torch.bool:
             raise ValueError(f"known: got {known.dtype} {tuple(known.shape)}, expected bool [{batch}, {self.num_tokens}]")
         if known_count is None:
             counts = known.sum(1)
             if bool((counts != counts[0]).any()):
-                raise ValueError(f"known: got {sorted(set(counts.tolist()))} known tokens across rows, expected the "
-                                 "same count in every row (Harmon's encoder keeps a [B, n] block of known tokens)")
+                raise ValueError(
+                    f"known: got {sorted(set(counts.tolist()))} known tokens across rows, expected the "
+                    "same count in every row (Harmon's encoder keeps a [B, n] block of known tokens)"
+                )
             known_count = int(counts[0])
         state, kv = self._prompt_kv(prompts)
         if self.reference_behaviour and state is not None:
@@ -186,8 +194,7 @@ class Harmon(nn.Module):
             params += [*self.proj_in.parameters(), *self.proj_out.parameters(), *self.llm.model.parameters()]
         elif self.trainable == "mar+lora":
             if not self._lora_ready:
-                raise RuntimeError("trainable='mar+lora': call enable_lora() after loading the weights "
-                                   "(margrpo.models.harmon.load does)")
+                raise RuntimeError("trainable='mar+lora': call enable_lora() after loading the weights (margrpo.models.harmon.load does)")
             params += [p for name, p in self.llm.named_parameters() if "lora_" in name]
         return params
 

@@ -10,6 +10,7 @@ ResnetBlock: GroupNorm(32) -> SiLU -> conv3x3 -> GroupNorm -> SiLU -> conv3x3, p
 `nin_shortcut` when the channels change. AttnBlock: single-head self-attention over the pixels with
 1x1 q, k, v, proj_out. Downsample pads (0, 1, 0, 1) then a stride-2 conv; Upsample is nearest x2 + conv.
 """
+
 from __future__ import annotations
 
 import torch

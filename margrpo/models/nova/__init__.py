@@ -12,6 +12,7 @@ Modules: config (transformer/config.json), transformer (the network, official pa
 text (Phi-2 text encoder), vae (AutoencoderKL decoder), backbone (the MARBackbone), layout and
 checkpoint (the official directory: checks, load, save), presets.
 """
+
 from . import presets
 from .backbone import NEGATIVE_PROMPT, NovaBackbone
 from .checkpoint import load, save
@@ -20,5 +21,16 @@ from .layout import REPO_ID
 from .presets import PRESETS, build, save_preset
 from .transformer import NovaTransformer
 
-__all__ = ["NEGATIVE_PROMPT", "NovaBackbone", "NovaConfig", "NovaTransformer", "PRESETS", "REPO_ID", "build", "load",
-           "presets", "save", "save_preset"]
+__all__ = [
+    "NEGATIVE_PROMPT",
+    "NovaBackbone",
+    "NovaConfig",
+    "NovaTransformer",
+    "PRESETS",
+    "REPO_ID",
+    "build",
+    "load",
+    "presets",
+    "save",
+    "save_preset",
+]

@@ -16,6 +16,7 @@ training_extra_frame (the MAR-GRPO reference code's training forward, for the pa
 train() mode forward_z recomputes the temporal condition with a second frame holding the canvas,
 as that code's likelihood does; eval() mode (rollout) is unchanged.
 """
+
 from __future__ import annotations
 
 import copy
@@ -53,16 +54,26 @@ class NovaBackbone(nn.Module):
     """NOVA as a MARBackbone: encode_prompts, negative_prompt, forward_z, decode, trainable_parameters,
     make_sampler, num_tokens, token_channels, head."""
 
-    def __init__(self, transformer: NovaTransformer, text_encoder: PhiTextEncoder, vae: LatentDecoder,
-                 scheduler_config: dict, training_extra_frame: bool = False, flow_shift: float | None = None):
+    def __init__(
+        self,
+        transformer: NovaTransformer,
+        text_encoder: PhiTextEncoder,
+        vae: LatentDecoder,
+        scheduler_config: dict,
+        training_extra_frame: bool = False,
+        flow_shift: float | None = None,
+    ):
         super().__init__()
         config = transformer.config
         if text_encoder.hidden_size != config.text_token_dim:
-            raise ValueError(f"text_encoder: hidden size {text_encoder.hidden_size}, expected the transformer's "
-                             f"text_token_dim {config.text_token_dim}")
+            raise ValueError(
+                f"text_encoder: hidden size {text_encoder.hidden_size}, expected the transformer's text_token_dim {config.text_token_dim}"
+            )
         if vae.latent_channels != config.image_dim or vae.stride != config.image_stride:
-            raise ValueError(f"vae: {vae.latent_channels} latent channels at stride {vae.stride}, expected "
-                             f"{config.image_dim} at stride {config.image_stride} (transformer config)")
+            raise ValueError(
+                f"vae: {vae.latent_channels} latent channels at stride {vae.stride}, expected "
+                f"{config.image_dim} at stride {config.image_stride} (transformer config)"
+            )
         if not isinstance(training_extra_frame, bool):
             raise ValueError(f"training_extra_frame: got {training_extra_frame!r}, expected a bool")
         self.transformer = transformer
@@ -70,8 +81,10 @@ class NovaBackbone(nn.Module):
         self.scheduler_config = copy.deepcopy(scheduler_config)
         scheduler_class = scheduler_config.get("_sample_class_name") or scheduler_config.get("_class_name")
         if flow_shift is not None and scheduler_class != "FlowMatchEulerDiscreteScheduler":
-            raise ValueError(f"flow_shift: got {flow_shift!r}, but the checkpoint's scheduler is {scheduler_class!r}; "
-                             "flow_shift applies to a FlowMatchEulerDiscreteScheduler only (leave it unset)")
+            raise ValueError(
+                f"flow_shift: got {flow_shift!r}, but the checkpoint's scheduler is {scheduler_class!r}; "
+                "flow_shift applies to a FlowMatchEulerDiscreteScheduler only (leave it unset)"
+            )
         if flow_shift is not None:  # a bad value fails here, naming the option (FlowSDESampler checks it)
             from_diffusers_config(scheduler_config, 1, flow_shift=flow_shift)
         self.flow_shift = flow_shift
@@ -105,8 +118,7 @@ class NovaBackbone(nn.Module):
     def negative_prompt(self) -> str:
         return NEGATIVE_PROMPT
 
-    def forward_z(self, prompts: PromptBatch, canvas: torch.Tensor, known: torch.Tensor,
-                  known_count: int | None = None) -> torch.Tensor:
+    def forward_z(self, prompts: PromptBatch, canvas: torch.Tensor, known: torch.Tensor, known_count: int | None = None) -> torch.Tensor:
         """canvas [B, N, C] (read where known), known bool [B, N] -> z [B, N, W]. known_count: see
         MARBackbone.forward_z (given, the spatial encoder runs without a host read of `known`)."""
         batch, config = len(prompts), self.config
@@ -116,11 +128,13 @@ class NovaBackbone(nn.Module):
             raise ValueError(f"known: got {known.dtype} {tuple(known.shape)}, expected bool [{batch}, {self.num_tokens}]")
         expected = config.text_token_len + config.frame_tokens
         if prompts.embeds.shape[1:] != (expected, config.width):
-            raise ValueError(f"prompts: got embeds {tuple(prompts.embeds.shape)}, expected [B, {expected}, {config.width}] "
-                             "from this backbone's encode_prompts")
+            raise ValueError(
+                f"prompts: got embeds {tuple(prompts.embeds.shape)}, expected [B, {expected}, {config.width}] "
+                "from this backbone's encode_prompts"
+            )
         dtype = self.transformer.mask_embed.mask_token.dtype
         embeds = prompts.embeds.to(dtype)
-        text, cond = embeds[:, : config.text_token_len], embeds[:, config.text_token_len:]
+        text, cond = embeds[:, : config.text_token_len], embeds[:, config.text_token_len :]
         if self.training and self.training_extra_frame:
             shown = torch.where(known[..., None], canvas, torch.zeros((), dtype=canvas.dtype, device=canvas.device))
             cond = self.transformer.temporal(text, self.latent_images(shown))

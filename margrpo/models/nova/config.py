@@ -8,6 +8,7 @@ key must spell its size out, "vit_d{depth}w{width}h{heads}" or "mlp_d{depth}w{wi
 test presets use these). Patch sizes follow from the VAE stride as upstream: the spatial encoder
 and the head use p = 15 // stride + 1 (2 for the stride-8 SD VAE), the temporal encoder 2p.
 """
+
 from __future__ import annotations
 
 import json
@@ -90,13 +91,17 @@ class NovaConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}: got {value!r}, expected a positive integer")
         if not isinstance(self.text_token_dim, int) or self.text_token_dim < 1:
-            raise ValueError(f"text_token_dim: got {self.text_token_dim!r}, expected a positive integer "
-                             "(class-conditional NOVA models are not supported)")
+            raise ValueError(
+                f"text_token_dim: got {self.text_token_dim!r}, expected a positive integer "
+                "(class-conditional NOVA models are not supported)"
+            )
         if self.rotary_pos_embed:
             raise ValueError("rotary_pos_embed: got true, expected false (the RoPE variant of NOVA is not supported)")
         if len(self.video_base_size) != 3 or self.video_base_size[0] != 1:
-            raise ValueError(f"video_base_size: got {list(self.video_base_size)}, expected [1, h, w] "
-                             "(an image model; NOVA video checkpoints are not supported)")
+            raise ValueError(
+                f"video_base_size: got {list(self.video_base_size)}, expected [1, h, w] "
+                "(an image model; NOVA video checkpoints are not supported)"
+            )
         if len(self.arch) != 3:
             raise ValueError(f"arch: got {list(self.arch)}, expected [temporal encoder, spatial encoder, head]")
         if any(v % self.image_stride for v in self.image_size):
@@ -105,11 +110,15 @@ class NovaConfig:
         if any(v % pv for v in latent):
             raise ValueError(f"image_size: the latent grid {list(latent)} is not divisible by the temporal patch {pv}")
         if self.image_base_size != (latent[0] // p, latent[1] // p):
-            raise ValueError(f"image_base_size: got {list(self.image_base_size)}, expected "
-                             f"{[latent[0] // p, latent[1] // p]} (latent {list(latent)} / patch {p})")
+            raise ValueError(
+                f"image_base_size: got {list(self.image_base_size)}, expected "
+                f"{[latent[0] // p, latent[1] // p]} (latent {list(latent)} / patch {p})"
+            )
         if tuple(self.video_base_size[1:]) != (latent[0] // pv, latent[1] // pv):
-            raise ValueError(f"video_base_size: got {list(self.video_base_size)}, expected "
-                             f"{[1, latent[0] // pv, latent[1] // pv]} (latent {list(latent)} / patch {pv})")
+            raise ValueError(
+                f"video_base_size: got {list(self.video_base_size)}, expected "
+                f"{[1, latent[0] // pv, latent[1] // pv]} (latent {list(latent)} / patch {pv})"
+            )
         widths = {self.temporal[1], self.spatial[1]}
         if len(widths) != 1:
             raise ValueError(f"arch: temporal and spatial encoders must have one width, got {list(self.arch[:2])}")

@@ -11,6 +11,7 @@ Weights may also be sharded (<name>.safetensors.index.json) or a .bin pickle (lo
 weights_only=True). A missing piece raises FileNotFoundError listing everything that is missing and
 where the checkpoint comes from.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 REPO_ID = "BAAI/nova-d48w1024-sd512"
-SOURCE = (f"the official checkpoint is the Hugging Face repo {REPO_ID} (e.g. `huggingface-cli download {REPO_ID} "
-          "--local-dir DIR`); `margrpo init-model nova-tiny DIR` writes a random-init one to try the pipeline")
+SOURCE = (
+    f"the official checkpoint is the Hugging Face repo {REPO_ID} (e.g. `huggingface-cli download {REPO_ID} "
+    "--local-dir DIR`); `margrpo init-model nova-tiny DIR` writes a random-init one to try the pipeline"
+)
 MODEL_INDEX = "model_index.json"
 TRANSFORMER_WEIGHTS, VAE_WEIGHTS, TEXT_WEIGHTS = "diffusion_pytorch_model", "diffusion_pytorch_model", "model"
 
@@ -51,9 +54,18 @@ def check_layout(path: Path) -> None:
     """Raise FileNotFoundError naming every missing part of the official layout under `path`."""
     if not path.is_dir():
         raise FileNotFoundError(f"NOVA checkpoint: {path} is not a directory; {SOURCE}")
-    missing = [name for name in (MODEL_INDEX, "transformer/config.json", "vae/config.json", "text_encoder/config.json",
-                                 "tokenizer/tokenizer_config.json", "scheduler/scheduler_config.json")
-               if not (path / name).is_file()]
+    missing = [
+        name
+        for name in (
+            MODEL_INDEX,
+            "transformer/config.json",
+            "vae/config.json",
+            "text_encoder/config.json",
+            "tokenizer/tokenizer_config.json",
+            "scheduler/scheduler_config.json",
+        )
+        if not (path / name).is_file()
+    ]
     for component, stem in (("transformer", TRANSFORMER_WEIGHTS), ("vae", VAE_WEIGHTS), ("text_encoder", TEXT_WEIGHTS)):
         if not weight_files(path / component, stem):
             missing.append(f"{component}/{stem}.safetensors (or a sharded .safetensors.index.json, or .bin)")
@@ -64,8 +76,9 @@ def check_layout(path: Path) -> None:
         raise FileNotFoundError(f"NOVA checkpoint {path} is incomplete: missing {', '.join(missing)}; {SOURCE}")
     index = json.loads((path / MODEL_INDEX).read_text())
     if "NOVA" not in str(index.get("_class_name", "")):
-        raise ValueError(f"{path / MODEL_INDEX}: _class_name is {index.get('_class_name')!r}, expected a NOVA pipeline "
-                         f"(NOVAPipeline); {SOURCE}")
+        raise ValueError(
+            f"{path / MODEL_INDEX}: _class_name is {index.get('_class_name')!r}, expected a NOVA pipeline (NOVAPipeline); {SOURCE}"
+        )
 
 
 def write_json(file: Path, data: dict) -> None:

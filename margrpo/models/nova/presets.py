@@ -12,6 +12,7 @@
 The scheduler configs are stand-ins in the diffusers format (a real checkpoint brings its own).
 `save_preset` writes a preset in the official directory layout, which `load` reads back.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,19 +28,57 @@ from .text import PhiTextEncoder
 from .transformer import NovaTransformer
 from .vae import LatentDecoder
 
-PHI_2 = dict(vocab_size=51200, hidden_size=2560, intermediate_size=10240, num_hidden_layers=32, num_attention_heads=32,
-             max_position_embeddings=2048, partial_rotary_factor=0.4, rope_theta=10000.0, layer_norm_eps=1e-5,
-             hidden_act="gelu_new", bos_token_id=50256, eos_token_id=50256)
-SD_VAE = dict(in_channels=3, out_channels=3, down_block_types=["DownEncoderBlock2D"] * 4, up_block_types=["UpDecoderBlock2D"] * 4,
-              block_out_channels=[128, 256, 512, 512], layers_per_block=2, latent_channels=4, norm_num_groups=32,
-              sample_size=512, scaling_factor=0.18215)
-DDPM = {"_class_name": "DDPMScheduler", "num_train_timesteps": 1000, "beta_start": 0.00085, "beta_end": 0.012,
-        "beta_schedule": "scaled_linear", "clip_sample": False, "prediction_type": "epsilon", "variance_type": "fixed_small",
-        "timestep_spacing": "leading", "steps_offset": 1}
+PHI_2 = dict(
+    vocab_size=51200,
+    hidden_size=2560,
+    intermediate_size=10240,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    max_position_embeddings=2048,
+    partial_rotary_factor=0.4,
+    rope_theta=10000.0,
+    layer_norm_eps=1e-5,
+    hidden_act="gelu_new",
+    bos_token_id=50256,
+    eos_token_id=50256,
+)
+SD_VAE = dict(
+    in_channels=3,
+    out_channels=3,
+    down_block_types=["DownEncoderBlock2D"] * 4,
+    up_block_types=["UpDecoderBlock2D"] * 4,
+    block_out_channels=[128, 256, 512, 512],
+    layers_per_block=2,
+    latent_channels=4,
+    norm_num_groups=32,
+    sample_size=512,
+    scaling_factor=0.18215,
+)
+DDPM = {
+    "_class_name": "DDPMScheduler",
+    "num_train_timesteps": 1000,
+    "beta_start": 0.00085,
+    "beta_end": 0.012,
+    "beta_schedule": "scaled_linear",
+    "clip_sample": False,
+    "prediction_type": "epsilon",
+    "variance_type": "fixed_small",
+    "timestep_spacing": "leading",
+    "steps_offset": 1,
+}
 FLOW = {"_class_name": "FlowMatchEulerDiscreteScheduler", "num_train_timesteps": 1000, "shift": 1.0}
 TINY_VAE = dict(SD_VAE, block_out_channels=[8, 8, 8, 8], layers_per_block=1, norm_num_groups=4, sample_size=64)
-TINY_PHI = dict(PHI_2, vocab_size=260, hidden_size=40, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,
-                max_position_embeddings=64, bos_token_id=256, eos_token_id=256)
+TINY_PHI = dict(
+    PHI_2,
+    vocab_size=260,
+    hidden_size=40,
+    intermediate_size=80,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    max_position_embeddings=64,
+    bos_token_id=256,
+    eos_token_id=256,
+)
 
 
 @dataclass(frozen=True)
@@ -53,13 +92,32 @@ class Preset:
 PRESETS: dict[str, Preset] = {
     "nova-0.6b-random": Preset(NovaConfig(), dict(PHI_2, num_hidden_layers=2), SD_VAE, DDPM),
     "nova-tiny": Preset(
-        NovaConfig(image_size=(64, 64), text_token_dim=40, text_token_len=16, image_base_size=(4, 4),
-                   video_base_size=(1, 2, 2), arch=("vit_d2w32h2", "vit_d2w32h2", "mlp_d2w32")),
-        TINY_PHI, TINY_VAE, DDPM),
+        NovaConfig(
+            image_size=(64, 64),
+            text_token_dim=40,
+            text_token_len=16,
+            image_base_size=(4, 4),
+            video_base_size=(1, 2, 2),
+            arch=("vit_d2w32h2", "vit_d2w32h2", "mlp_d2w32"),
+        ),
+        TINY_PHI,
+        TINY_VAE,
+        DDPM,
+    ),
     "nova-tiny-flow": Preset(
-        NovaConfig(image_size=(64, 64), text_token_dim=40, text_token_len=12, image_base_size=(4, 4),
-                   video_base_size=(1, 2, 2), video_mixer_rank=4, arch=("vit_d1w48h4", "vit_d3w48h4", "mlp_d1w40")),
-        TINY_PHI, TINY_VAE, FLOW),
+        NovaConfig(
+            image_size=(64, 64),
+            text_token_dim=40,
+            text_token_len=12,
+            image_base_size=(4, 4),
+            video_base_size=(1, 2, 2),
+            video_mixer_rank=4,
+            arch=("vit_d1w48h4", "vit_d3w48h4", "mlp_d1w40"),
+        ),
+        TINY_PHI,
+        TINY_VAE,
+        FLOW,
+    ),
 }
 
 
@@ -75,12 +133,16 @@ def byte_tokenizer():
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     special = "<|endoftext|>"
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=special, eos_token=special, unk_token=special,
-                                   pad_token=special)
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=special, eos_token=special, unk_token=special, pad_token=special)
 
 
-def build(name: str, device: str | torch.device = "cpu", dtype: torch.dtype | str = torch.float32, seed: int = 0,
-          training_extra_frame: bool = False) -> NovaBackbone:
+def build(
+    name: str,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | str = torch.float32,
+    seed: int = 0,
+    training_extra_frame: bool = False,
+) -> NovaBackbone:
     """A random-init backbone of preset `name` (weights drawn on `device` from `seed`), in eval mode."""
     if name not in PRESETS:
         raise ValueError(f"name: got {name!r}, expected one of {', '.join(PRESETS)}")

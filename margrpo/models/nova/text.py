@@ -5,6 +5,7 @@ own tokens (the rest of the 256 positions take text_embed.weight rows). Phi is c
 prompt's states do not depend on what follows it: here prompts are padded only to the longest one
 in the batch, with the same result. The empty prompt (NOVA's negative prompt) has no tokens.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -55,8 +56,9 @@ def load_text_encoder(tokenizer_dir: Path, encoder_dir: Path, max_tokens: int, d
         if bars:
             logging.enable_progress_bar()
     unexpected = sorted(k for k in info["unexpected_keys"] if not k.startswith("lm_head."))
-    problems = [f"{name} {sorted(info[key])[:8]}" for name, key in (("missing", "missing_keys"), ("mismatched", "mismatched_keys"))
-                if info[key]]
+    problems = [
+        f"{name} {sorted(info[key])[:8]}" for name, key in (("missing", "missing_keys"), ("mismatched", "mismatched_keys")) if info[key]
+    ]
     if unexpected:
         problems.append(f"unexpected {unexpected[:8]}")
     if problems:

@@ -15,6 +15,7 @@ bidirectional. The temporal encoder's input does not depend on the canvas for an
 function of the prompt alone (`temporal(text)`); the reference MAR-GRPO training forward instead
 appends a second frame that patch-embeds the current canvas (`temporal(text, canvas_image)`).
 """
+
 from __future__ import annotations
 
 import torch
@@ -33,8 +34,7 @@ def sincos_grid(dim: int, height: int, width: int) -> torch.Tensor:
     """NOVA's 2D position table [height * width, dim]: [sin(w f), cos(w f), sin(h f), cos(h f)] with
     f_j = 10000^(-j / (dim/4)), rows in raster order (the flattened conv output's order)."""
     freq = 1.0 / (10000 ** (torch.arange(dim // 4, dtype=torch.float32) / (dim // 4)))
-    grid_h, grid_w = torch.meshgrid(torch.arange(height, dtype=torch.float32),
-                                    torch.arange(width, dtype=torch.float32), indexing="ij")
+    grid_h, grid_w = torch.meshgrid(torch.arange(height, dtype=torch.float32), torch.arange(width, dtype=torch.float32), indexing="ij")
     w = grid_w.reshape(-1, 1) * freq
     h = grid_h.reshape(-1, 1) * freq
     return torch.cat([w.sin(), w.cos(), h.sin(), h.cos()], dim=-1)
@@ -107,8 +107,7 @@ class AdaLayerNorm(nn.Module):
 class Encoder(nn.Module):
     """A NOVA VisionTransformer: patch_embed, blocks, norm (and, for video models, a mixer)."""
 
-    def __init__(self, depth: int, dim: int, num_heads: int, patch_size: int, image_dim: int,
-                 mixer_rank: int | None = None):
+    def __init__(self, depth: int, dim: int, num_heads: int, patch_size: int, image_dim: int, mixer_rank: int | None = None):
         super().__init__()
         self.patch_embed = PatchEmbed(image_dim, dim, patch_size)
         self.blocks = nn.ModuleList(Block(dim, num_heads) for _ in range(depth))
@@ -178,8 +177,7 @@ class NovaTransformer(nn.Module):
         s_depth, _, s_heads = config.spatial
         h_depth, h_width = config.head
         p = config.patch_size
-        self.video_encoder = Encoder(t_depth, width, t_heads, config.temporal_patch_size, config.image_dim,
-                                     config.video_mixer_rank)
+        self.video_encoder = Encoder(t_depth, width, t_heads, config.temporal_patch_size, config.image_dim, config.video_mixer_rank)
         self.image_encoder = Encoder(s_depth, width, s_heads, p, config.image_dim)
         self.image_decoder = DiffusionMLP(h_depth, h_width, width, p, config.image_dim)
         self.mask_embed = MaskEmbed(width)
@@ -205,10 +203,9 @@ class NovaTransformer(nn.Module):
         h = torch.cat([text, x.flatten(1, 2)], 1)
         for block in self.video_encoder.blocks:
             h = block(h)
-        return self.video_encoder.norm(h[:, text.shape[1]:])
+        return self.video_encoder.norm(h[:, text.shape[1] :])
 
-    def spatial(self, cond: torch.Tensor, tokens: torch.Tensor, known: torch.Tensor,
-                known_count: int | None = None) -> torch.Tensor:
+    def spatial(self, cond: torch.Tensor, tokens: torch.Tensor, known: torch.Tensor, known_count: int | None = None) -> torch.Tensor:
         """Condition tokens [B, F, W], canvas tokens [B, N, C] (read where known), known bool [B, N]
         -> z [B, N, W].
 
@@ -242,6 +239,6 @@ class NovaTransformer(nn.Module):
         # under autocast the blocks' output can be bf16 while x (float32 mask token and positions) is not:
         # scatter needs one dtype, and x's is the residual stream's (the dtype without autocast)
         h = torch.cat([cond_out, x.scatter(1, index, visible_out.to(x.dtype))], 1)
-        for block in encoder.blocks[encoder.encoder_depth:]:
+        for block in encoder.blocks[encoder.encoder_depth :]:
             h = block(h)
-        return encoder.norm(h[:, cond.shape[1]:])
+        return encoder.norm(h[:, cond.shape[1] :])

@@ -2,6 +2,7 @@
 
 Latents are stored scaled: decode(latent / scaling_factor + shift_factor), as upstream's unscale_.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
