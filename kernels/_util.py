@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from margrpo.ops.reference import acc_dtype
+from margrpo.ops.oracle import acc_dtype
 
 __all__ = ["acc_dtype", "programs_block", "require_contiguous", "warps_for"]
 

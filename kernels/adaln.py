@@ -12,7 +12,7 @@ shape [B, N, W] serves x of shape [A, 1, N, W] or [A, B, N, W] without a K-fold 
 
 Launch helpers take tensors whose leading dims broadcast against each other (torch rules) and
 return a new contiguous tensor of the broadcast shape. No autograd: the heads call these only on
-no-grad paths (rollout); the torch reference path carries gradients.
+no-grad paths (rollout); the torch oracle path carries gradients.
 """
 
 from __future__ import annotations

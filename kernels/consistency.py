@@ -22,7 +22,7 @@ MAX_BLOCK_C = 64
 
 @triton.jit
 def _cosine_or_zero(dot, norm_a2, norm_b2, TINY: tl.constexpr):
-    """dot / (|a| |b|) with the same form as the reference; 0 when the norm product is 0."""
+    """dot / (|a| |b|) with the same form as the oracle; 0 when the norm product is 0."""
     norm2 = norm_a2 * norm_b2
     return tl.where(norm2 > 0, dot / tl.sqrt(tl.maximum(norm2, TINY)), 0.0)
 

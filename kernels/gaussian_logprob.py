@@ -1,4 +1,4 @@
-"""Triton kernels for the Gaussian log-density of diffusion transitions (contract: ops/reference.py).
+"""Triton kernels for the Gaussian log-density of diffusion transitions (contract: ops/oracle.py).
 
 Rows are tokens, columns their C channels (16 typical). Each program owns a [BLOCK_R, BLOCK_C] tile
 and walks the channels in BLOCK_C chunks (one chunk when C <= BLOCK_C), so one pass reads every input
@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from margrpo.ops.reference import LOG_SQRT_2PI, REDUCE_MEAN, REDUCE_NONE, REDUCE_SUM
+from margrpo.ops.oracle import LOG_SQRT_2PI, REDUCE_MEAN, REDUCE_NONE, REDUCE_SUM
 
 from ._util import acc_dtype, programs_block, require_contiguous, warps_for
 

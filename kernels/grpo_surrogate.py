@@ -10,7 +10,7 @@ loss and the statistics are deterministic (no atomics).
 Numerics: fp32 (fp64 for fp64 logp). The clip bounds 1 - clip_low and 1 + clip_high are computed in
 Python and reach the kernel as fp32 scalars (Triton types Python floats as fp32), so with fp64 inputs
 they are rounded to fp32. NaN log-probs propagate to the loss, gradient and ratio statistics as in
-the reference (clamps are written with tl.where, which keeps NaN, unlike min/max).
+the oracle (clamps are written with tl.where, which keeps NaN, unlike min/max).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from margrpo.ops.reference import MAX_LOG_RATIO
+from margrpo.ops.oracle import MAX_LOG_RATIO
 
 from ._util import acc_dtype, programs_block, require_contiguous, warps_for
 
@@ -163,7 +163,7 @@ def grpo_surrogate_fwd(
     clip_low: float,
     clip_high: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Clipped GRPO surrogate and its gradient in one pass (semantics: reference.grpo_surrogate_fwd).
+    """Clipped GRPO surrogate and its gradient in one pass (semantics: oracle.grpo_surrogate_fwd).
 
     Returns (loss [], stats [4] = (clip_fraction, approx_kl, ratio_mean, ratio_max), grad [T, B, L]
     = d loss / d logp), fp32 (fp64 for fp64 logp).

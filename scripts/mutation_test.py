@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Mutation testing of margrpo's GRPO, selection, rollout, trainer and reference-op code (issues 19, 30).
+"""Mutation testing of margrpo's GRPO, selection, rollout, trainer and op-oracle code (issues 19, 30).
 
 Every entry of MUTANTS is a realistic one-line bug: where it goes (`path::function`, the function
 that holds it: `Class.method`, nested `outer.inner`; just the path for module level), a one-line
@@ -109,11 +109,11 @@ ROLL_PROPS = "tests/test_rollout_properties.py"
 
 
 def _ops(name: str) -> tuple[str, ...]:
-    """An op's tests, on the torch backend (margrpo.ops.reference) only."""
+    """An op's tests, on the torch backend (margrpo.ops.oracle) only."""
     return (f"tests/test_ops_{name}.py", "-k", "torch")
 
 
-GRPO, ROLL, TRAIN, REF = "margrpo/grpo", "margrpo/rollout", "margrpo/train/trainer.py", "margrpo/ops/reference.py"
+GRPO, ROLL, TRAIN, ORACLE = "margrpo/grpo", "margrpo/rollout", "margrpo/train/trainer.py", "margrpo/ops/oracle.py"
 
 SENTINEL_MESSAGE = "margrpo-mutation-sentinel: the mutated copy was imported"
 # runs first: importing margrpo raises, so its tests fail with this message exactly when pytest imports the
@@ -505,10 +505,10 @@ MUTANTS: tuple[Mutant, ...] = (
         "drop_zero_variance trains on the flat groups only",
         (f"{OPTIM}::test_drop_zero_variance_trains_as_if_the_flat_groups_were_not_there",),
     ),
-    # ------------------------------------------------ reference kernels (margrpo.ops.reference)
+    # ------------------------------------------------ the ops' eager oracle (margrpo.ops.oracle)
     Mutant(
         "logprob_log_std_sign",
-        f"{REF}::gaussian_logprob_fwd",
+        f"{ORACLE}::gaussian_logprob_fwd",
         "elem = -0.5 * z * z - torch.log(std) - LOG_SQRT_2PI",
         "elem = -0.5 * z * z + torch.log(std) - LOG_SQRT_2PI",
         "Gaussian log-prob adds log std",
@@ -516,7 +516,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "logprob_grad_std_missing_div",
-        f"{REF}::gaussian_logprob_bwd",
+        f"{ORACLE}::gaussian_logprob_bwd",
         "grad_std = ge * (diff * diff * inv_var - 1.0) / std",
         "grad_std = ge * (diff * diff * inv_var - 1.0)",
         "d logp / d std without the 1/std",
@@ -524,7 +524,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "trajectory_std_unbiased",
-        f"{REF}::trajectory_std_fwd",
+        f"{ORACLE}::trajectory_std_fwd",
         "return (s - s[:1]).std(dim=0, unbiased=False).mean(-1)",
         "return (s - s[:1]).std(dim=0).mean(-1)",
         "uncertainty uses the unbiased std over seeds",
@@ -532,7 +532,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "topk_ascending",
-        f"{REF}::topk_indices_fwd",
+        f"{ORACLE}::topk_indices_fwd",
         "dim=-1, descending=True, stable=True)",
         "dim=-1, descending=False, stable=True)",
         "top-k picks the smallest scores",
@@ -540,7 +540,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "consistency_kernel_reversed",
-        f"{REF}::consistency_mask_fwd",
+        f"{ORACLE}::consistency_mask_fwd",
         "(cosine_or_zero(cur, final) - cosine_or_zero(prev, final)) > threshold",
         "(cosine_or_zero(prev, final) - cosine_or_zero(cur, final)) > threshold",
         "consistency kernel's gain reversed",
@@ -548,7 +548,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "surrogate_clip_bounds_swapped",
-        f"{REF}::grpo_surrogate_fwd",
+        f"{ORACLE}::grpo_surrogate_fwd",
         "ratio.clamp(1.0 - clip_low, 1.0 + clip_high)",
         "ratio.clamp(1.0 - clip_high, 1.0 + clip_low)",
         "asymmetric clip bounds swapped",
@@ -556,7 +556,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "surrogate_min_not_max",
-        f"{REF}::grpo_surrogate_fwd",
+        f"{ORACLE}::grpo_surrogate_fwd",
         "term = torch.maximum(unclipped, clipped)",
         "term = torch.minimum(unclipped, clipped)",
         "clipped surrogate takes the optimistic branch",
@@ -564,7 +564,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "surrogate_ratio_not_exponentiated",
-        f"{REF}::grpo_surrogate_fwd",
+        f"{ORACLE}::grpo_surrogate_fwd",
         "ratio = torch.exp(log_ratio)",
         "ratio = 1.0 + log_ratio",
         "ratio linearised (not exponentiated)",
@@ -572,7 +572,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "surrogate_clipped_ge",
-        f"{REF}::grpo_surrogate_fwd",
+        f"{ORACLE}::grpo_surrogate_fwd",
         "is_clipped = clipped > unclipped",
         "is_clipped = clipped >= unclipped",
         "gradient zeroed inside the clip range too",
@@ -580,7 +580,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "surrogate_approx_kl_sign",
-        f"{REF}::grpo_surrogate_fwd",
+        f"{ORACLE}::grpo_surrogate_fwd",
         "(w * (ratio - 1.0 - log_ratio)).sum()",
         "(w * (ratio - 1.0 + log_ratio)).sum()",
         "approx_kl diagnostic with the wrong sign of log r",
@@ -977,7 +977,7 @@ def report(results: list[Result], *, machine: str, total_seconds: float, baselin
     except ImportError:
         versions = f"Python {platform.python_version()}"
     lines = [
-        f"# Mutation test of the GRPO, selection, rollout, trainer and reference-op code ({datetime.date.today()})",
+        f"# Mutation test of the GRPO, selection, rollout, trainer and op-oracle code ({datetime.date.today()})",
         "",
         f"- machine: {machine}; {versions}",
         f"- command: `{command}`",

@@ -1,8 +1,8 @@
-"""The compiled extension margrpo._C: every kernel of torch.ops.margrpo against margrpo.ops.reference.
+"""The compiled extension margrpo._C: every kernel of torch.ops.margrpo against margrpo.ops.oracle.
 
 Kernel level (docs/CONTRACTS.md): contiguous 2-D/3-D inputs, outputs in the accumulation dtype.
 Each test draws fresh random inputs, rounds them to the dtype under test, and compares the kernel
-with the reference evaluated on those same rounded values, so the tolerance covers only the kernel's
+with the oracle evaluated on those same rounded values, so the tolerance covers only the kernel's
 own fp32 (fp64) arithmetic. Outputs are poisoned (NaN / True / max-int) before the kernels run, so an
 element a kernel forgets to write fails. CPU kernels always run; the CUDA kernels run in the `gpu`
 test when a device is present.
@@ -16,7 +16,7 @@ import shutil
 import pytest
 import torch
 
-from margrpo.ops import reference as ref
+from margrpo.ops import oracle as ref
 
 _C = pytest.importorskip("margrpo._C", reason="margrpo._C is not built (MARGRPO_NO_EXTENSION=1 or a failed build)")
 K = torch.ops.margrpo

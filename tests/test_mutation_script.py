@@ -66,7 +66,7 @@ def test_the_list_covers_issue_19_and_its_modules():
         "rollout/generate.py",
         "rollout/likelihood.py",
         "train/trainer.py",
-        "ops/reference.py",
+        "ops/oracle.py",
     ):
         assert f"margrpo/{module}" in files
     assert sum(m.equivalent is None for m in mt.MUTANTS) >= 30

@@ -40,12 +40,12 @@ def test_auto_prefers_cpp_on_cpu_when_its_kernel_is_built():
 
 
 def test_auto_skips_a_backend_without_the_kernel():
-    only_reference = lambda name: name == "torch"  # noqa: E731
+    only_oracle = lambda name: name == "torch"  # noqa: E731
     with ops.use_backend("auto"):
-        assert _backend.resolve(CPU, "some_op", only_reference) == "torch"
+        assert _backend.resolve(CPU, "some_op", only_oracle) == "torch"
     if "cpp" in ops.available_backends():
         with ops.use_backend("cpp"), pytest.raises(RuntimeError, match="some_op: backend 'cpp' has no kernel"):
-            _backend.resolve(CPU, "some_op", only_reference)
+            _backend.resolve(CPU, "some_op", only_oracle)
 
 
 def test_explicit_backend_that_cannot_run_here_is_an_error():
@@ -59,12 +59,12 @@ def test_missing_kernel_lookup_names_the_kernel():
     assert _kernels.find("triton", "no_such_module", "no_such_fwd") is None
     with pytest.raises(RuntimeError, match=r"backend 'triton': kernel margrpo.kernels.no_such_module.no_such_fwd"):
         _kernels.get("triton", "no_such_module", "no_such_fwd")
-    with pytest.raises(RuntimeError, match=r"backend 'torch': kernel margrpo.ops.reference.no_such_fwd"):
-        _kernels.get("torch", "reference", "no_such_fwd")
+    with pytest.raises(RuntimeError, match=r"backend 'torch': kernel margrpo.ops.oracle.no_such_fwd"):
+        _kernels.get("torch", "oracle", "no_such_fwd")
 
 
 def test_import_without_extension_or_triton():
-    """`import margrpo.ops` works with neither margrpo._C nor triton, and the ops run on the reference."""
+    """`import margrpo.ops` works with neither margrpo._C nor triton, and the ops run on the oracle."""
     script = textwrap.dedent(
         """
         import sys, warnings

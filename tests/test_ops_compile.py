@@ -12,7 +12,7 @@ import torch
 from conftest import assert_close, randn
 
 import margrpo.ops as ops
-from margrpo.ops import _kernels, reference
+from margrpo.ops import _kernels, oracle
 
 KERNELS = {
     "gaussian_logprob": ("gaussian_logprob_fwd", "gaussian_logprob_bwd"),
@@ -87,13 +87,13 @@ def test_backend_choice_is_guarded(gen, monkeypatch):
     require_all_kernels("cpp")
     torch._dynamo.reset()
     calls = []
-    original = reference.gaussian_logprob_fwd
+    original = oracle.gaussian_logprob_fwd
 
     def spy(*args):
         calls.append(args)
         return original(*args)
 
-    monkeypatch.setattr(reference, "gaussian_logprob_fwd", spy)
+    monkeypatch.setattr(oracle, "gaussian_logprob_fwd", spy)
     _kernels.find.cache_clear()  # the kernels are looked up (and cached) by name
     try:
         fn = torch.compile(lambda x, s: ops.gaussian_logprob(x, x, s, check_std=False), fullgraph=True, backend="aot_eager")

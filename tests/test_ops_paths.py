@@ -19,7 +19,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import margrpo.ops as ops
-from margrpo.ops import _kernels, reference
+from margrpo.ops import _kernels, oracle
 
 pytestmark = pytest.mark.usefixtures("poison_uninitialized")
 F64, F32 = torch.float64, torch.float32
@@ -120,7 +120,7 @@ def test_grpo_surrogate(backend, path, gen, float_mask, aggregation):
 
 
 def test_empty_inputs(backend, path):
-    """No rows: both routes return the reference's empty results (and gradients) with no launch."""
+    """No rows: both routes return the oracle's empty results (and gradients) with no launch."""
     dev = backend.device
     x = torch.zeros(0, 4, device=dev, requires_grad=True)
     out = ops.gaussian_logprob(x, x, 1.0)
@@ -181,8 +181,8 @@ def test_eager_backend_follows_set_backend(gen, monkeypatch):
     if "cpp" not in ops.available_backends():
         pytest.skip("cpp: not available in this installation")
     calls = []
-    original = reference.gaussian_logprob_fwd
-    monkeypatch.setattr(reference, "gaussian_logprob_fwd", lambda *args: calls.append(args) or original(*args))
+    original = oracle.gaussian_logprob_fwd
+    monkeypatch.setattr(oracle, "gaussian_logprob_fwd", lambda *args: calls.append(args) or original(*args))
     monkeypatch.setattr(_kernels, "_eager_picks", {})  # picks made before hold the unpatched kernel
     _kernels.find.cache_clear()
     try:
@@ -192,7 +192,7 @@ def test_eager_backend_follows_set_backend(gen, monkeypatch):
             assert not calls  # the fused kernel
             with ops.use_backend("torch"):
                 ops.gaussian_logprob(x, x, std)
-                assert len(calls) == 1  # the reference
+                assert len(calls) == 1  # the oracle
             ops.gaussian_logprob(x, x, std)
             assert len(calls) == 1
     finally:

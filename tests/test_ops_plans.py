@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import margrpo.ops as ops
-from margrpo.ops import _validate, reference
+from margrpo.ops import _validate, oracle
 
 gaussian_module = importlib.import_module("margrpo.ops.gaussian_logprob")
 
@@ -56,7 +56,7 @@ def test_signatures_that_differ_in_dtype_layout_or_std_kind_each_get_their_own_p
     std = torch.rand(3, 5, 4, generator=g, dtype=torch.float64) + 0.5
     for s in (std, std[..., :1], 0.7, std[0, 0]):  # per element, per row, a python float, 0-d
         per_element = torch.as_tensor(s, dtype=torch.float64).expand(3, 5, 4).reshape(15, 4)
-        want = reference.gaussian_logprob_fwd(x.reshape(15, 4), mean.reshape(15, 4), per_element, reference.REDUCE_SUM).reshape(3, 5)
+        want = oracle.gaussian_logprob_fwd(x.reshape(15, 4), mean.reshape(15, 4), per_element, oracle.REDUCE_SUM).reshape(3, 5)
         for xs, ms in ((x, mean), (x.float(), mean.float())):
             got = ops.gaussian_logprob(xs, ms, s)
             wide_inputs = xs.dtype == torch.float64 or isinstance(s, torch.Tensor)  # std is float64 too

@@ -1,7 +1,7 @@
-"""The Triton kernels (margrpo.kernels) against the PyTorch reference (margrpo.ops.reference).
+"""The Triton kernels (margrpo.kernels) against the eager oracle (margrpo.ops.oracle).
 
 Without a GPU the kernels run in the Triton interpreter on CPU tensors; with one, on the GPU. Inputs
-are fresh random tensors at odd sizes; every comparison is with the reference evaluated on the same
+are fresh random tensors at odd sizes; every comparison is with the oracle evaluated on the same
 inputs, so low-precision inputs are compared at the compute (fp32) tolerance. Kernel outputs are
 allocated with torch.empty, which the `poison_uninitialized` fixture fills with NaN / max-int /
 True, so an element a kernel forgets to write fails. The last tests compile every kernel ahead of
@@ -30,7 +30,7 @@ from conftest import assert_close, randn  # noqa: E402
 
 from margrpo.kernels import consistency, gaussian_logprob, grpo_surrogate, topk, trajectory_std  # noqa: E402
 from margrpo.kernels._util import warps_for  # noqa: E402
-from margrpo.ops import reference as ref  # noqa: E402
+from margrpo.ops import oracle as ref  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 pytestmark = [

@@ -6,7 +6,7 @@ log-density by its formula, the std by mean / subtract / square / mean / sqrt), 
 `compile` (torch.compile of the eager chain), `margrpo[<backend>]` (the public op of margrpo.ops on
 each backend that runs on the device) and, in forward mode, `kernel[cpp|cuda]` (the extension's
 forward kernels called directly on the kernel layouts, without the public op layer; grpo_surrogate's
-forward kernel also computes the gradient). (margrpo/ops/reference.py holds kernel-level contracts,
+forward kernel also computes the gradient). (margrpo/ops/oracle.py holds kernel-level contracts,
 not an autograd baseline: its grpo_surrogate computes the gradient by hand; the `margrpo[torch]`
 rows time those functions through the public op.)
 

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from margrpo import ops
-from margrpo.ops import reference
+from margrpo.ops import oracle
 
 
 class StepOutput(NamedTuple):
@@ -47,6 +47,8 @@ class Sampler:
     num_steps: int
     _deterministic: np.ndarray
     _model_times: np.ndarray
+    # the per-step arrays a step reads, as tuples of Python numbers (`_keep_host_tables`)
+    _host: dict[str, tuple]
 
     # ------------------------------------------------------------------ per-step facts
     def model_time(self, i: int) -> float:
@@ -74,7 +76,7 @@ class Sampler:
 
     def is_deterministic(self, i: int) -> bool:
         """True when step i adds no noise (std exactly 0): its transition has no likelihood."""
-        return bool(self._deterministic[self._check_step(i)])
+        return self._host["deterministic"][self._check_step(i)]
 
     def stochastic_steps(self) -> list[int]:
         """The steps whose recorded transitions carry a likelihood (std > 0), in sampling order."""
@@ -155,8 +157,16 @@ class Sampler:
                 f"model_output: got shape {tuple(model_output.shape)}, expected {expected} "
                 f"(x_t's leading dims, {self.out_channels(channels)} channels for C={channels})"
             )
-        dtype = reference.acc_dtype(torch.promote_types(model_output.dtype, x_t.dtype))
+        dtype = oracle.acc_dtype(torch.promote_types(model_output.dtype, x_t.dtype))
         return model_output.to(dtype), x_t.to(dtype)
+
+    def _keep_host_tables(self, **arrays: np.ndarray) -> None:
+        """Keep each per-step array also as a tuple of Python numbers, `self._host[name][i]`, which
+        the step functions read: torch.compile takes a Python number as a constant, while it traces a
+        NumPy element as a tensor and breaks the graph where float() or `if` reads it (the values
+        are the same: float(array[i]) == array.tolist()[i])."""
+        self._host = {name: tuple(values.tolist()) for name, values in arrays.items()}
+        self._host["deterministic"] = tuple(bool(v) for v in self._deterministic)
 
     def _mean_std(self, output, x, i: int, temperature: float):  # pragma: no cover - abstract
         raise NotImplementedError
@@ -188,7 +198,7 @@ def check_train_inputs(x0: torch.Tensor, noise: torch.Tensor, t_train: torch.Ten
 
 def per_token(values: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
     """values shaped like leading dims of x0 -> trailing singleton dims added, x0's accumulation dtype."""
-    return values.to(reference.acc_dtype(x0.dtype)).reshape(*values.shape, *([1] * (x0.dim() - values.dim())))
+    return values.to(oracle.acc_dtype(x0.dtype)).reshape(*values.shape, *([1] * (x0.dim() - values.dim())))
 
 
 def _check_temperature(temperature) -> None:

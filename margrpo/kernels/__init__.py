@@ -1,7 +1,7 @@
 """Triton kernels of the fused ops: ``margrpo.kernels``.
 
 One module per op (gaussian_logprob, trajectory_std, topk, consistency, grpo_surrogate) and the heads'
-adaln; each exposes launch helpers with exactly the signatures of ``margrpo.ops.reference`` (see
+adaln; each exposes launch helpers with exactly the signatures of ``margrpo.ops.oracle`` (see
 docs/CONTRACTS.md). No autograd here: margrpo.ops wraps these. Modules import triton, so they are
 loaded on demand.
 

@@ -1,4 +1,4 @@
-"""Backend choice for the fused ops: torch (reference), triton, cuda, cpp.
+"""Backend choice for the fused ops: torch (the eager oracle), triton, cuda, cpp.
 
 `auto` (the default, or env MARGRPO_BACKEND) follows the measured order of the backend table
 (_table.py: per op, device kind and size) and, where the table has no figures, the built-in rule:

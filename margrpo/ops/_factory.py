@@ -47,7 +47,7 @@ class Gradient:
 
 class FusedOp:
     """One public op's routes to the kernels of `kernels` (forward kernels first, then the backward
-    kernel if any) in kernels/<module>.py, margrpo.ops.reference and torch.ops.margrpo."""
+    kernel if any) in kernels/<module>.py, margrpo.ops.oracle and torch.ops.margrpo."""
 
     def __init__(
         self,
@@ -90,7 +90,7 @@ class FusedOp:
         return tuple(_kernels.get(backend, self.module, name) for name in self.kernels)
 
     def __call__(self, device: torch.device, *inputs, empty: bool = False):
-        """The op on `inputs` (already in the kernel layout). empty: no work to do (the reference then
+        """The op on `inputs` (already in the kernel layout). empty: no work to do (the oracle then
         returns the empty result without any kernel launch)."""
         # the main input's size picks the backend table's size bucket
         elements = 0 if empty else inputs[0].numel()

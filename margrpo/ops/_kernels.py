@@ -1,7 +1,7 @@
 """Where each backend keeps the kernel-level functions of docs/CONTRACTS.md, and how the public ops
 reach them.
 
-torch: margrpo.ops.reference.<name>; triton: margrpo.kernels.<module>.<name>; cpp and cuda:
+torch: margrpo.ops.oracle.<name>; triton: margrpo.kernels.<module>.<name>; cpp and cuda:
 torch.ops.margrpo.<name> (one registration serves both devices).
 
 Two paths lead from a public op to its kernels. Under torch.compile, a dispatch mode (fake tensors,
@@ -21,14 +21,14 @@ from collections.abc import Callable
 
 import torch
 
-from . import _backend, _table, reference
+from . import _backend, _table, oracle
 
 
 @functools.cache
 def find(backend: str, module: str, name: str) -> Callable | None:
     """The kernel `name` of `backend` (from kernels/<module>.py for triton), or None when not built."""
     if backend == "torch":
-        return getattr(reference, name, None)
+        return getattr(oracle, name, None)
     if backend == "triton":
         qualified = f"margrpo.kernels.{module}"
         try:
@@ -49,7 +49,7 @@ def get(backend: str, module: str, name: str) -> Callable:
     """Like `find`, but a missing kernel is an error that names it."""
     kernel = find(backend, module, name)
     if kernel is None:
-        where = {"torch": "margrpo.ops.reference", "triton": f"margrpo.kernels.{module}"}.get(backend, "torch.ops.margrpo")
+        where = {"torch": "margrpo.ops.oracle", "triton": f"margrpo.kernels.{module}"}.get(backend, "torch.ops.margrpo")
         raise RuntimeError(f"backend {backend!r}: kernel {where}.{name} is not built in this installation")
     return kernel
 
@@ -100,7 +100,7 @@ def for_eager(
     """(backend, its kernels `names`) for `op` on `device` under the current selection, with a main
     input of `elements` elements: `pick` and `get` in one, memoised per size bucket of the backend
     table (an error, such as a backend that cannot run here, is raised each time). `empty`: the
-    reference, which returns an empty result without any kernel launch."""
+    oracle, which returns an empty result without any kernel launch."""
     if empty:
         return "torch", tuple(get("torch", module, name) for name in names)
     selection = _backend.get_backend()

@@ -14,12 +14,12 @@ from typing import NamedTuple
 
 import torch
 
-from . import _kernels, _validate, reference
+from . import _kernels, _validate, oracle
 from ._factory import FusedOp, Gradient
 
 _MODULE = "gaussian_logprob"
 _KERNELS = ("gaussian_logprob_fwd", "gaussian_logprob_bwd")
-_REDUCE = {"none": reference.REDUCE_NONE, "sum": reference.REDUCE_SUM, "mean": reference.REDUCE_MEAN}
+_REDUCE = {"none": oracle.REDUCE_NONE, "sum": oracle.REDUCE_SUM, "mean": oracle.REDUCE_MEAN}
 _REDUCE_NAMES = tuple(_REDUCE)
 
 
@@ -40,12 +40,12 @@ def _forward(kernels, backend: str, x, mean, std, reduce: int, check_std: bool):
 
 
 def _fake(x, mean, std, reduce, check_std):
-    out_shape = x.shape if reduce == reference.REDUCE_NONE else x.shape[:-1]
-    return x.new_empty(out_shape, dtype=reference.acc_dtype(x.dtype))
+    out_shape = x.shape if reduce == oracle.REDUCE_NONE else x.shape[:-1]
+    return x.new_empty(out_shape, dtype=oracle.acc_dtype(x.dtype))
 
 
 def _backward_fake(grad_out, x, mean, std, reduce):
-    dt = reference.acc_dtype(x.dtype)
+    dt = oracle.acc_dtype(x.dtype)
     return x.new_empty(x.shape, dtype=dt), x.new_empty(x.shape, dtype=dt), std.new_empty(std.shape, dtype=dt)
 
 
@@ -131,7 +131,7 @@ def _plan(x: object, mean: object, std: object, reduce: object) -> _Plan:
     else:
         device = _validate.same_device(x=x, mean=mean)
     code = _REDUCE[reduce]
-    return _Plan(x.numel() // C, C, width, expand, dtype, device, code, tuple(x.shape if code == reference.REDUCE_NONE else x.shape[:-1]))
+    return _Plan(x.numel() // C, C, width, expand, dtype, device, code, tuple(x.shape if code == oracle.REDUCE_NONE else x.shape[:-1]))
 
 
 _PLANS: dict[tuple, _Plan] = {}  # call signature -> its _Plan (see _validate.remember)

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import _kernels, _validate, reference
+from . import _kernels, _validate, oracle
 from ._factory import FusedOp, Gradient
 
 _MODULE = "grpo_surrogate"
@@ -33,7 +33,7 @@ class GRPOLoss(NamedTuple):
 
 
 def _fake(logp, old_logp, advantages, weights, mte_mask, clip_low, clip_high):
-    dt = reference.acc_dtype(logp.dtype)
+    dt = oracle.acc_dtype(logp.dtype)
     return logp.new_empty((), dtype=dt), logp.new_empty((4,), dtype=dt), logp.new_empty(logp.shape, dtype=dt)
 
 
@@ -185,4 +185,4 @@ def _plan(logp: object, old_logp: object, advantages: object, mask: object, mte_
         logp=logp, old_logp=old_logp, advantages=advantages, mask=mask, mte_mask=logp if mte_mask is None else mte_mask
     )
     _validate.choice("aggregation", aggregation, _AGGREGATIONS)
-    return B, L, reference.acc_dtype(torch.promote_types(logp.dtype, old_logp.dtype)), device
+    return B, L, oracle.acc_dtype(torch.promote_types(logp.dtype, old_logp.dtype)), device

@@ -89,7 +89,7 @@ def _checked_scores_and_k(scores: object, ratio: float | None, k: int | None) ->
 def _run(op: str, scores: torch.Tensor, k: int, check_finite: bool) -> torch.Tensor:
     """The kernel `<op>_fwd` of the selected backend on `scores` (see _factory.FusedOp)."""
     scores = scores.contiguous()
-    # an empty batch or row: the reference returns the empty result without any kernel launch
+    # an empty batch or row: the oracle returns the empty result without any kernel launch
     return _OPS[op](scores.device, scores, k, check_finite, empty=scores.numel() == 0)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _validate, reference
+from . import _validate, oracle
 from ._factory import FusedOp, Gradient
 
 _MODULE = "trajectory_std"
@@ -17,11 +17,11 @@ _KERNELS = ("trajectory_std_fwd", "trajectory_std_bwd")
 
 
 def _fake(samples):
-    return samples.new_empty(samples.shape[1], dtype=reference.acc_dtype(samples.dtype))
+    return samples.new_empty(samples.shape[1], dtype=oracle.acc_dtype(samples.dtype))
 
 
 def _backward_fake(grad_out, samples):
-    return samples.new_empty(samples.shape, dtype=reference.acc_dtype(samples.dtype))
+    return samples.new_empty(samples.shape, dtype=oracle.acc_dtype(samples.dtype))
 
 
 def _backward(run, saved, attrs, grad_out):

@@ -32,7 +32,7 @@ import yaml
 from margrpo.grpo import GRPOConfig
 from margrpo.rollout import RolloutConfig
 from margrpo.grpo.advantages import zero_variance_groups
-from margrpo.ops import reference as ops_reference
+from margrpo.ops import oracle
 
 
 def recorded_logp_error(rollout) -> float:
@@ -40,11 +40,11 @@ def recorded_logp_error(rollout) -> float:
     if rollout.logp.numel() == 0:
         return 0.0
     C = rollout.x_prev.shape[-1]
-    recomputed = ops_reference.gaussian_logprob_fwd(
+    recomputed = oracle.gaussian_logprob_fwd(
         rollout.x_prev.double().reshape(-1, C),
         rollout.mean.double().reshape(-1, C),
         rollout.std.double().reshape(-1, C),
-        ops_reference.REDUCE_SUM,
+        oracle.REDUCE_SUM,
     )
     return float((rollout.logp.double().reshape(-1) - recomputed).abs().max())
 

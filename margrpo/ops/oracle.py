@@ -1,4 +1,4 @@
-"""Pure-PyTorch references of every fused op, at the kernel level.
+"""The eager oracle of every fused op: plain PyTorch at the kernel level (the `torch` backend).
 
 These functions are the contract that every backend (triton, cuda, cpp) matches: same arguments,
 same layouts, same outputs. The public ops (margrpo.ops.*) validate and normalise user input into
