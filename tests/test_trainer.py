@@ -16,7 +16,8 @@ from margrpo.models.tiny import TinyMAR
 from margrpo.rewards import Reward, register
 from margrpo.train import checkpoint as ckpt
 from margrpo.train.config import load_config
-from margrpo.train.trainer import Trainer, TrainingStopped
+from margrpo.train.step import TrainingStopped, group_advantages
+from margrpo.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -130,7 +131,7 @@ def test_update_raises_the_likelihood_of_above_average_samples(tmp_path, tiny_ch
     trainer.policy.eval()
     rollout = generate(trainer.policy, prompts, trainer.config.rollout, seeds, sampler=trainer.sampler, plan=trainer._plan(0))
     trainer.train_step()
-    advantages = trainer._advantages(captured["rewards"], prompts)
+    advantages = group_advantages(trainer, captured["rewards"], prompts)
     with torch.no_grad():
         new_logp = rollout_logprob(trainer.policy, rollout).logp[0]
     change = (new_logp - rollout.logp[0]).mean(1)  # per sample
@@ -419,3 +420,21 @@ def test_resume_accepts_settings_newer_than_the_checkpoint_at_their_defaults():
     changed = to_dict(load_config("configs/shapes-tiny.yaml", ["grpo.estimator=matching"]))
     with pytest.raises(ConfigError, match="grpo.estimator: '<unset>' -> 'matching'"):
         check_resume_config(saved, 1, changed, 1, "ckpt")
+
+
+def test_ablate_estimator_flag_sets_the_estimator_of_every_rung(tmp_path, monkeypatch):
+    from margrpo.train import ablate
+
+    seen = []
+
+    def fake_run(config, overrides, rung, seed, out_dir):
+        seen.append((rung, list(overrides)))
+        return {"before": {"heldout/overall": 0.3}, "after": {"heldout/overall": 0.4}, "kl": 0.01}
+
+    monkeypatch.setattr(ablate, "run_one", fake_run)
+    args = ["--config", "c.yaml", "--out", str(tmp_path), "--seeds", "0", "--rungs", "grpo", "mte"]
+    assert ablate.main([*args, "--estimator", "matching", "run.steps=2"]) == 0
+    assert [rung for rung, _ in seen] == ["grpo", "mte"]
+    assert all(o == ["run.steps=2", "grpo.estimator=matching"] for _, o in seen)
+    with pytest.raises(SystemExit):
+        ablate.main([*args, "--estimator", "matching", "grpo.estimator=transition"])

@@ -9,9 +9,9 @@ paper's numbers: section 6):
   preset        the config exactly as written (the main job's distribution over seeds)
 and, on request (--rungs): mte_unknown (MTE over every still-unknown position, step-drawn chains) and
 reference_mte (the same with the reference code's commit-time chains, rollout.seed_chains: commit).
-The estimator is a config key: `grpo.estimator=matching` runs the ladder under the matching estimator
-(its MTE gives the uncertain tokens more draws; consistency keeps every committed token, so its rung
-equals the frozen head's there).
+`--estimator matching` (the same as the override `grpo.estimator=matching`) runs the ladder under the
+matching estimator (its MTE gives the uncertain tokens more draws; consistency keeps every committed
+token, so its rung equals the frozen head's there).
 Every (rung, seed) run writes OUT/RUNG/seedN/summary.json when it finishes; a run whose summary exists
 is not run again, so an interrupted ablation resumes, and runs may be spread over several processes
 (`--seeds 0` in one, `--seeds 1` in another) and summarised by a last call (`--summarize`). The
@@ -187,8 +187,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rungs", nargs="+", default=DEFAULT_RUNGS, choices=list(LADDER))
     parser.add_argument("--out", default="runs/ablation")
     parser.add_argument("--summarize", action="store_true", help="run nothing: tabulate the finished runs found under --out")
+    parser.add_argument("--estimator", choices=["transition", "matching"], help="grpo.estimator for every rung (default: the config's)")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
+    if args.estimator:
+        if any(o.startswith("grpo.estimator=") for o in args.overrides):
+            parser.error("give the estimator once: --estimator or the override grpo.estimator=..., not both")
+        args.overrides = [*args.overrides, f"grpo.estimator={args.estimator}"]
     out = Path(args.out)
     results: dict[str, list[dict]] = {}
     for rung in args.rungs:
