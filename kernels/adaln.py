@@ -11,8 +11,10 @@ shared by every seed trajectory and by both CFG halves' input. The kernels addre
 shape [B, N, W] serves x of shape [A, 1, N, W] or [A, B, N, W] without a K-fold (or 2-fold) copy.
 
 Launch helpers take tensors whose leading dims broadcast against each other (torch rules) and
-return a new contiguous tensor of the broadcast shape. No autograd: the heads call these only on
-no-grad paths (rollout); the torch oracle path carries gradients.
+return a new contiguous tensor of the broadcast shape. No autograd: the public ops
+(margrpo/ops/adaln.py) call these only with grad mode off (rollout); the torch oracle
+(margrpo/ops/oracle.py) carries gradients. `ln_modulate_fwd` and `gate_residual_fwd` are the
+kernel-level functions of the ops' contract (docs/CONTRACTS.md).
 """
 
 from __future__ import annotations
@@ -270,3 +272,14 @@ def gate_residual(
     into `residual` whenever it is contiguous with the broadcast shape (else into a new tensor).
     """
     return _launch(_gate_residual_kernel, "HAS_NORM", ("residual", "h", "gate"), residual, h, gate, weight, bias, eps, out, in_place)
+
+
+def ln_modulate_fwd(x, shift, scale, weight, bias, eps: float) -> torch.Tensor:
+    """The kernel-level ln_modulate of margrpo.ops.oracle."""
+    return ln_modulate(x, shift, scale, weight, bias, eps)
+
+
+def gate_residual_fwd(residual, h, gate, weight, bias, eps: float, in_place: bool) -> torch.Tensor:
+    """The kernel-level gate_residual of margrpo.ops.oracle (in_place: into `residual` when it has
+    the output's shape)."""
+    return gate_residual(residual, h, gate, weight, bias, eps, in_place=in_place)

@@ -22,7 +22,8 @@ from margrpo.heads import (
     reinit_zero_layers_,
     unpatchify,
 )
-from margrpo.heads import layers
+from margrpo import ops
+from margrpo.ops import _kernels, _table
 
 F64 = torch.float64
 
@@ -361,10 +362,10 @@ def test_adaln_calls_make_no_tensor_op_but_the_output():
     x, h = torch.empty(4, 1, 8, 32, device=meta), torch.empty(4, 2, 8, 32, device=meta)
     shift, scale, gate = torch.empty(2, 8, 96, device=meta).chunk(3, -1)
     with torch.no_grad(), stubbed_adaln_kernels() as stubs:
-        layers.ln_modulate(x, shift, scale, None, None, 1e-6, "triton")  # the plan is made here
+        ops.ln_modulate(x, shift, scale, None, None, 1e-6, backend="triton")  # the plan is made here
         with count_ops() as counts:
-            layers.ln_modulate(x, shift, scale, None, None, 1e-6, "triton")
-            layers.gate_residual(h, h, gate, None, None, 0.0, "triton")
+            ops.ln_modulate(x, shift, scale, None, None, 1e-6, backend="triton")
+            ops.gate_residual(h, h, gate, None, None, 0.0, backend="triton")
     assert dict(counts.ops) == {"aten.empty.memory_format": 1}
     assert sum(stub.calls for stub in stubs.values()) == 3
 
@@ -408,13 +409,32 @@ def test_head_denoise_triton_path_equals_torch_path(adaln, make):
     torch.testing.assert_close(fused, plain, rtol=1e-12, atol=1e-12)
 
 
-def test_backend_resolution():
-    cpu = torch.device("cpu")
-    assert layers.resolve_backend(cpu, "torch") == "torch"
-    assert layers.resolve_backend(cpu, "auto") == "torch"
-    assert layers.resolve_backend(cpu, "cpp") == "torch"  # no C++ version of these kernels
+def test_adaln_backend_selection(monkeypatch):
+    """The adaLN ops follow the ops' selection: torch, triton, or for cpp / cuda (they have no such
+    kernels) auto's choice, the oracle on CPU; with grad mode on always the differentiable oracle."""
+    from margrpo.ops import adaln as adaln_ops, oracle
+
+    calls = []
+    original = oracle.ln_modulate_fwd
+    monkeypatch.setattr(oracle, "ln_modulate_fwd", lambda *a: calls.append(1) or original(*a))
+    _kernels.find.cache_clear()
+    _kernels._eager_picks.clear()
+    x, mod = torch.randn(2, 1, 3, 8, dtype=F64), torch.randn(2, 3, 8, dtype=F64)
+    for selection in ("torch", "auto", "cpp", "cuda", None):
+        with torch.no_grad():
+            out = ops.ln_modulate(x, mod, mod, backend=selection)
+        torch.testing.assert_close(out, original(x, mod, mod, None, None, 1e-6))
+    assert len(calls) == 5
+    xg = x.clone().requires_grad_()
+    ops.ln_modulate(xg, mod, mod, backend="triton").sum().backward()  # triton has no backward: the oracle
+    assert xg.grad is not None and len(calls) == 6
+    for name in ("ln_modulate", "gate_residual"):
+        assert name in _table.OPS
+    assert adaln_ops._LN_MODULATE.backends == ("torch", "triton")
     with pytest.raises(ValueError, match="backend: got 'fast'"):
-        layers.resolve_backend(cpu, "fast")
+        ops.ln_modulate(x, mod, mod, backend="fast")
+    _kernels.find.cache_clear()
+    _kernels._eager_picks.clear()
 
 
 # ------------------------------------------------------------------ ahead-of-time compilation for Hopper

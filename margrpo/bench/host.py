@@ -1,6 +1,6 @@
 """Host-side cost of the diffusion heads, measurable without a GPU.
 
-  adaln    CPU microseconds per fused adaLN call (heads.layers.ln_modulate / gate_residual on the
+  adaln    CPU microseconds per fused adaLN call (ops.ln_modulate / gate_residual on the
            Triton path) with the Triton kernel replaced by a stub: what margrpo adds on top of
            Triton's own launch, per call (a NOVA d6w1024 diffusion step makes 13 such calls), and
            one torch.empty of the output's size for scale. p20 / p50 / p80 and min over rounds of
@@ -32,7 +32,9 @@ import torch
 from margrpo.bench.machine import header, load_average, machine_description, split_choices
 from margrpo.bench.timing import interleave
 from margrpo.bench.op_counts import count_ops
-from margrpo.heads import Guidance, layers, mar_head, nova_head
+from margrpo import ops
+from margrpo.heads import Guidance, mar_head, nova_head
+from margrpo.ops import _backend, _kernels
 from margrpo.heads.multi_seed import guided_output
 
 SECTIONS = ("ops", "heads")  # heads: the adaln and launches tables
@@ -58,8 +60,9 @@ class _StubKernel:
 
 @contextmanager
 def stubbed_adaln_kernels():
-    """margrpo.kernels.adaln with both Triton kernels replaced by stubs, and the heads' Triton path
-    allowed on any device (meta included); yields the stubs."""
+    """margrpo.kernels.adaln with both Triton kernels replaced by stubs, the triton backend allowed on
+    any device (meta included), and the ops' eager route taken under count_ops' dispatch mode (the
+    route they take outside it); yields the stubs."""
     from margrpo.kernels import adaln
 
     names = ("_ln_modulate_kernel", "_gate_residual_kernel")
@@ -67,11 +70,13 @@ def stubbed_adaln_kernels():
     stubs = {name: _StubKernel() for name in names}
     for name, stub in stubs.items():
         setattr(adaln, name, stub)
-    runs_on, layers._triton_runs_on = layers._triton_runs_on, lambda device: True
+    runs_on, direct = _backend._runs_on, _kernels.direct_call_allowed
+    _backend._runs_on = lambda name, device: name == "triton" or runs_on(name, device)
+    _kernels.direct_call_allowed = lambda: True
     try:
         yield stubs
     finally:
-        layers._triton_runs_on = runs_on
+        _backend._runs_on, _kernels.direct_call_allowed = runs_on, direct
         for name, kernel in saved.items():
             setattr(adaln, name, kernel)
 
@@ -92,7 +97,7 @@ class AdalnRow:
 def adaln_overhead(
     tokens: int = 1024, width: int = 1024, trajectories: int = 4, calls: int = 2000, rounds: int = 7, order: list | None = None
 ) -> list[AdalnRow]:
-    """Host microseconds per heads.layers adaLN call on the Triton path, kernels stubbed: x
+    """Host microseconds per adaLN op call (margrpo.ops) on the Triton path, kernels stubbed: x
     [K+1, 1, N, W] against a CFG modulation [2, N, W], as in a guided multi-seed step. Each round
     times `calls` calls of each primitive in CPU time of this thread (not wall time: on a shared
     machine the wait for a core is not the wrapper's cost); the rounds' orders go to `order`."""
@@ -102,8 +107,8 @@ def adaln_overhead(
     mod = torch.empty(2, tokens, width, device=meta)
     weight, bias = torch.empty(width, device=meta), torch.empty(width, device=meta)
     cases = {
-        "ln_modulate": (lambda: layers.ln_modulate(x, mod, mod, None, None, 1e-6, "triton"), x),
-        "gate_residual": (lambda: layers.gate_residual(h, h, mod, weight, bias, 1e-5, "triton"), h),
+        "ln_modulate": (lambda: ops.ln_modulate(x, mod, mod, None, None, 1e-6, backend="triton"), x),
+        "gate_residual": (lambda: ops.gate_residual(h, h, mod, weight, bias, 1e-5, backend="triton"), h),
         # for scale: the output allocation alone (ln_modulate makes one; gate_residual writes in place)
         "torch.empty": (lambda: torch.empty(h.shape, device=meta), h),
     }

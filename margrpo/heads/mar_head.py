@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from margrpo import ops
+
 from . import layers
 from .layers import Modulation
 
@@ -187,16 +189,15 @@ def mar_denoise(layout: nn.Module, x: torch.Tensor, modulation: Modulation, back
     proj = layout.input_proj
     if x.shape[-1] != proj.in_features:
         raise ValueError(f"x: got shape {tuple(x.shape)}, expected [..., N, {proj.in_features}]")
-    kind = layers.resolve_backend(x.device, backend)
     h = F.linear(x.to(proj.weight.dtype), proj.weight, proj.bias)
     for block, (shift, scale, gate) in zip(layout.res_blocks, modulation.blocks):
         norm = block.in_ln
-        u = layers.ln_modulate(h, shift, scale, norm.weight, norm.bias, norm.eps, kind)
+        u = ops.ln_modulate(h, shift, scale, norm.weight, norm.bias, norm.eps, backend=backend)
         u = layers.silu_(F.linear(u, block.mlp[0].weight, block.mlp[0].bias))
         u = F.linear(u, block.mlp[2].weight, block.mlp[2].bias)
-        h = layers.gate_residual(h, u, gate, None, None, 0.0, kind)
+        h = ops.gate_residual(h, u, gate, None, None, 0.0, backend=backend)
     shift, scale = modulation.final
     final = layout.final_layer
     norm = final.norm_final
-    u = layers.ln_modulate(h, shift, scale, norm.weight, norm.bias, norm.eps, kind)
+    u = ops.ln_modulate(h, shift, scale, norm.weight, norm.bias, norm.eps, backend=backend)
     return F.linear(u, final.linear.weight, final.linear.bias)

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from margrpo import ops
+
 from . import layers
 from .layers import Modulation
 
@@ -148,15 +150,14 @@ class DiffusionMLP(nn.Module):
         """x [*L, N, C] patch tokens (L: seed trajectories, broadcast against the modulation) -> [..., N, C]."""
         if x.shape[-1] != self.in_channels:
             raise ValueError(f"x: got shape {tuple(x.shape)}, expected [..., N, {self.in_channels}]")
-        kind = layers.resolve_backend(x.device, backend)
         h = F.linear(x.to(self.head.weight.dtype), self.token_patch_weight(), self.patch_embed.proj.bias)
         for block, (shift, scale, gate) in zip(self.blocks, modulation.blocks):
-            u = layers.ln_modulate(h, shift, scale, None, None, ADALN_EPS, kind)
+            u = ops.ln_modulate(h, shift, scale, None, None, ADALN_EPS, backend=backend)
             u = layers.silu_(F.linear(u, block.proj.fc1.weight, block.proj.fc1.bias))
             u = F.linear(u, block.proj.fc2.weight, block.proj.fc2.bias)
-            h = layers.gate_residual(h, u, gate, block.norm2.weight, block.norm2.bias, BLOCK_NORM_EPS, kind)
+            h = ops.gate_residual(h, u, gate, block.norm2.weight, block.norm2.bias, BLOCK_NORM_EPS, backend=backend)
         shift, scale = modulation.final
-        u = layers.ln_modulate(h, shift, scale, None, None, ADALN_EPS, kind)
+        u = ops.ln_modulate(h, shift, scale, None, None, ADALN_EPS, backend=backend)
         return F.linear(u, self.head.weight, self.head.bias)
 
     # ------------------------------------------------------------------ official forward

@@ -12,6 +12,7 @@ from . import _backend
 _backend.extension()
 
 from ._backend import available_backends, get_backend, set_backend, use_backend  # noqa: E402
+from .adaln import gate_residual, ln_modulate  # noqa: E402
 from .consistency import consistency_mask  # noqa: E402
 from .gaussian_logprob import gaussian_logprob  # noqa: E402
 from .grpo_surrogate import GRPOLoss, grpo_surrogate, token_weights  # noqa: E402
@@ -22,9 +23,11 @@ __all__ = [
     "GRPOLoss",
     "available_backends",
     "consistency_mask",
+    "gate_residual",
     "gaussian_logprob",
     "get_backend",
     "grpo_surrogate",
+    "ln_modulate",
     "set_backend",
     "token_weights",
     "topk_indices",

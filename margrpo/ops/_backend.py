@@ -19,7 +19,7 @@ import torch
 from . import _table
 
 BACKENDS = ("torch", "triton", "cuda", "cpp")
-_CHOICES = ("auto",) + BACKENDS
+CHOICES = ("auto",) + BACKENDS
 
 _selected = os.environ.get("MARGRPO_BACKEND", "auto")
 _extension = None
@@ -68,8 +68,8 @@ def available_backends() -> list[str]:
 def set_backend(name: str) -> None:
     """Select the backend for every op: 'auto' or one of torch, triton, cuda, cpp."""
     global _selected
-    if name not in _CHOICES:
-        raise ValueError(f"backend: got {name!r}, expected one of {', '.join(_CHOICES)}")
+    if name not in CHOICES:
+        raise ValueError(f"backend: got {name!r}, expected one of {', '.join(CHOICES)}")
     _selected = name
 
 
@@ -115,23 +115,36 @@ def auto_order(device: torch.device, op: str, elements: int | None = None) -> tu
     return measured + tuple(name for name in default + ("torch",) if name not in measured)
 
 
-def resolve(device: torch.device, op: str, has_kernel: Callable[[str], bool] | None = None, elements: int | None = None) -> str:
-    """The backend that runs `op` on tensors of `device` under the current selection.
+def resolve(
+    device: torch.device,
+    op: str,
+    has_kernel: Callable[[str], bool] | None = None,
+    elements: int | None = None,
+    selection: str | None = None,
+    implemented: tuple[str, ...] = BACKENDS,
+) -> str:
+    """The backend that runs `op` on tensors of `device` under `selection` (None: the current one).
 
     `has_kernel(name)` says whether backend `name` has this op's kernel: a partial or stale build of
     the extension (or of kernels/) may lack it, and `auto` then moves on to the next backend.
     `elements`: the size of the op's main input, which picks the table's size bucket under `auto`.
+    `implemented`: the backends the op has kernels for at all (the adaLN ops: torch and triton); a
+    selection outside them takes `auto`'s choice among them, so a global `set_backend("cpp")` still
+    runs every op.
     """
+    choice = _selected if selection is None else selection
+    if choice not in CHOICES:
+        raise ValueError(f"backend: got {choice!r}, expected one of {', '.join(CHOICES)}")
 
     def usable(name: str) -> bool:
-        return _runs_on(name, device) and (has_kernel is None or has_kernel(name))
+        return name in implemented and _runs_on(name, device) and (has_kernel is None or has_kernel(name))
 
-    if _selected == "auto":
+    if choice == "auto" or choice not in implemented:
         return next(name for name in auto_order(device, op, elements) if usable(name))
-    if not _runs_on(_selected, device):
+    if not _runs_on(choice, device):
         raise RuntimeError(
-            f"{op}: backend {_selected!r} cannot run on {device.type} tensors here (available: {', '.join(available_backends())})"
+            f"{op}: backend {choice!r} cannot run on {device.type} tensors here (available: {', '.join(available_backends())})"
         )
-    if not usable(_selected):
-        raise RuntimeError(f"{op}: backend {_selected!r} has no kernel for this op in this build")
-    return _selected
+    if not usable(choice):
+        raise RuntimeError(f"{op}: backend {choice!r} has no kernel for this op in this build")
+    return choice

@@ -12,6 +12,10 @@ gradient, a `Gradient` (what to save and the backward formula). From that the fa
 
 `FusedOp.__call__(device, *inputs)` picks the route and the backend. The public ops validate their
 arguments, bring them to the kernel layout and call it; nothing below them validates again.
+
+A forward-only op (`forward_only=True`, the adaLN ops) has no backward kernels: its oracle is plain
+PyTorch that autograd and torch.compile see through, so with grad mode on, and wherever the chosen
+backend is torch, it runs inline on every route; only its other backends go through the custom op.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import _kernels
+from . import _backend, _kernels
 
 
 @dataclass(frozen=True)
@@ -47,7 +51,11 @@ class Gradient:
 
 class FusedOp:
     """One public op's routes to the kernels of `kernels` (forward kernels first, then the backward
-    kernel if any) in kernels/<module>.py, margrpo.ops.oracle and torch.ops.margrpo."""
+    kernel if any) in kernels/<module>.py, margrpo.ops.oracle and torch.ops.margrpo.
+
+    backends: those the op has kernels for (a selection outside them takes `auto`'s choice among
+    them); forward_only: see the module docstring; custom_forward: the custom op's body when it must
+    differ from `forward` (a forward that may write into an input, which a custom op must not)."""
 
     def __init__(
         self,
@@ -58,9 +66,13 @@ class FusedOp:
         forward: Callable,
         fake: Callable,
         gradient: Gradient | None = None,
+        backends: tuple[str, ...] = _backend.BACKENDS,
+        forward_only: bool = False,
+        custom_forward: Callable | None = None,
     ):
         self.name, self.module, self.kernels, self.gradient = name, module, kernels, gradient
-        self.forward = forward
+        self.forward, self.backends, self.forward_only = forward, backends, forward_only
+        body = forward if custom_forward is None else custom_forward
         # the positions of the schema's tensor arguments: the eager route asks only them whether
         # autograd must record the call
         arguments = schema.split("->")[0].strip(" ()").split(", ")
@@ -68,7 +80,7 @@ class FusedOp:
 
         def op_body(*args):
             backend = args[-1]
-            return forward(self._kernels_of(backend), backend, *args[:-1])
+            return body(self._kernels_of(backend), backend, *args[:-1])
 
         self.custom_op = torch.library.custom_op(f"margrpo::{name}", op_body, mutates_args=(), schema=schema)
         self.custom_op.register_fake(lambda *args: fake(*args[:-1]))
@@ -89,17 +101,27 @@ class FusedOp:
     def _kernels_of(self, backend: str) -> tuple[Callable, ...]:
         return tuple(_kernels.get(backend, self.module, name) for name in self.kernels)
 
-    def __call__(self, device: torch.device, *inputs, empty: bool = False):
+    def __call__(self, device: torch.device, *inputs, empty: bool = False, backend: str | None = None):
         """The op on `inputs` (already in the kernel layout). empty: no work to do (the oracle then
-        returns the empty result without any kernel launch)."""
+        returns the empty result without any kernel launch). backend: this call's selection (the
+        choices of set_backend), None for the global one."""
         # the main input's size picks the backend table's size bucket
         elements = 0 if empty else inputs[0].numel()
+        if self.forward_only and torch.is_grad_enabled():
+            empty = True  # the oracle, inline: autograd records its PyTorch ops
         if _kernels.direct_call_allowed():
-            backend, kernels = _kernels.for_eager(device, self.name, self.module, self.kernels, empty, elements)
+            backend, kernels = _kernels.for_eager(device, self.name, self.module, self.kernels, empty, elements, backend, self.backends)
             if self.gradient is not None and torch.is_grad_enabled() and any(inputs[i].requires_grad for i in self._tensor_inputs):
                 return self.function.apply(backend, kernels, *inputs)
             return self.forward(kernels, backend, *inputs)
-        backend = "torch" if empty else _kernels.pick(device, self.name, self.module, *self.kernels, elements=elements)
+        if empty:
+            backend = "torch"
+        else:
+            backend = _kernels.pick(
+                device, self.name, self.module, *self.kernels, elements=elements, selection=backend, implemented=self.backends
+            )
+        if self.forward_only and backend == "torch":
+            return self.forward(self._kernels_of("torch"), "torch", *inputs)  # inline: torch.compile traces it
         return self.custom_op(*inputs, backend)
 
     # ------------------------------------------------------------------ autograd, both routes

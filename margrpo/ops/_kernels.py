@@ -55,18 +55,29 @@ def get(backend: str, module: str, name: str) -> Callable:
 
 
 @torch.compiler.assume_constant_result
-def _pick(device_type: str, op: str, module: str, names: tuple[str, ...], selection: str, elements: int | None) -> str:
-    # `selection` is only a cache key for the compiler: the result changes when set_backend() does
+def _pick(
+    device_type: str, op: str, module: str, names: tuple[str, ...], selection: str, elements: int | None, implemented: tuple[str, ...]
+) -> str:
+    # `selection` is an argument, so the compiler's cached result changes when set_backend() does
     device = torch.device(device_type)
-    return _backend.resolve(device, op, lambda backend: all(find(backend, module, n) for n in names), elements)
+    return _backend.resolve(device, op, lambda backend: all(find(backend, module, n) for n in names), elements, selection, implemented)
 
 
-def pick(device: torch.device, op: str, module: str, *names: str, elements: int | None = None) -> str:
-    """The backend that runs `op` on `device`: the user's choice, or under `auto` the first of the
-    measured (else built-in) order whose kernels `names` are all built (see _backend.resolve).
-    `elements`: the main input's size (a symbolic size while tracing counts as unknown)."""
+def pick(
+    device: torch.device,
+    op: str,
+    module: str,
+    *names: str,
+    elements: int | None = None,
+    selection: str | None = None,
+    implemented: tuple[str, ...] = _backend.BACKENDS,
+) -> str:
+    """The backend that runs `op` on `device`: the user's choice (`selection`, else the global one), or
+    under `auto` the first of the measured (else built-in) order whose kernels `names` are all built
+    (see _backend.resolve). `elements`: the main input's size (a symbolic size while tracing counts as
+    unknown)."""
     size = elements if isinstance(elements, int) else None
-    return _pick(device.type, op, module, names, _backend.get_backend(), size)
+    return _pick(device.type, op, module, names, selection or _backend.get_backend(), size, implemented)
 
 
 def direct_call_allowed() -> bool:
@@ -95,24 +106,32 @@ _table.on_change(_eager_picks.clear)
 
 
 def for_eager(
-    device: torch.device, op: str, module: str, names: tuple[str, ...], empty: bool = False, elements: int = 0
+    device: torch.device,
+    op: str,
+    module: str,
+    names: tuple[str, ...],
+    empty: bool = False,
+    elements: int = 0,
+    selection: str | None = None,
+    implemented: tuple[str, ...] = _backend.BACKENDS,
 ) -> tuple[str, tuple[Callable, ...]]:
-    """(backend, its kernels `names`) for `op` on `device` under the current selection, with a main
-    input of `elements` elements: `pick` and `get` in one, memoised per size bucket of the backend
-    table (an error, such as a backend that cannot run here, is raised each time). `empty`: the
-    oracle, which returns an empty result without any kernel launch."""
+    """(backend, its kernels `names`) for `op` on `device` under `selection` (else the global one),
+    with a main input of `elements` elements: `pick` and `get` in one, memoised per size bucket of
+    the backend table (an error, such as a backend that cannot run here, is raised each time).
+    `empty`: the oracle, which returns an empty result without any kernel launch."""
     if empty:
         return "torch", tuple(get("torch", module, name) for name in names)
-    selection = _backend.get_backend()
+    selection = selection or _backend.get_backend()
     key = (device, op, selection)
     picks = _eager_picks.get(key)
     if picks is None:
-        edges = _table.current().segments(op, _table.device_kind(device))[0] if selection == "auto" else ()
+        measured = selection == "auto" or selection not in implemented  # see _backend.resolve
+        edges = _table.current().segments(op, _table.device_kind(device))[0] if measured else ()
         picks = _eager_picks[key] = _Picks(edges)
     segment = bisect.bisect_right(picks.edges, elements) if picks.edges else 0
     picked = picks.by_segment[segment]
     if picked is None:
-        backend = _backend.resolve(device, op, lambda b: all(find(b, module, n) for n in names), elements)
+        backend = _backend.resolve(device, op, lambda b: all(find(b, module, n) for n in names), elements, selection, implemented)
         picked = picks.by_segment[segment] = (backend, tuple(get(backend, module, name) for name in names))
     return picked
 

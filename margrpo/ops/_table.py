@@ -9,7 +9,7 @@ or size the table does not cover keeps the built-in rule of _backend.
 
 Device kinds: cpu, nvidia-h100, nvidia-h200, other-cuda (every other CUDA device). The main input is
 the first tensor the op's kernels take (gaussian_logprob x, trajectory_std samples, topk scores,
-consistency prev, grpo_surrogate logp), in the kernel layout.
+consistency prev, grpo_surrogate logp, ln_modulate x, gate_residual residual), in the kernel layout.
 """
 
 from __future__ import annotations
@@ -27,7 +27,16 @@ import torch
 
 FORMAT = 1
 DEVICE_KINDS = ("cpu", "nvidia-h100", "nvidia-h200", "other-cuda")
-OPS = ("gaussian_logprob", "trajectory_std", "topk_mask", "topk_indices", "consistency_mask", "grpo_surrogate")
+OPS = (
+    "gaussian_logprob",
+    "trajectory_std",
+    "topk_mask",
+    "topk_indices",
+    "consistency_mask",
+    "grpo_surrogate",
+    "ln_modulate",
+    "gate_residual",
+)
 BACKENDS = ("torch", "triton", "cuda", "cpp")
 PACKAGED = Path(__file__).with_name("backend_table.json")
 ENV = "MARGRPO_BACKEND_TABLE"

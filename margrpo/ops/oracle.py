@@ -12,6 +12,9 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
+
+from ._validate import broadcast_shape
 
 REDUCE_NONE, REDUCE_SUM, REDUCE_MEAN = 0, 1, 2
 AGG_TOKEN_MEAN, AGG_SAMPLE_MEAN = 0, 1
@@ -160,3 +163,31 @@ def grpo_surrogate_fwd(logp, old_logp, advantages, weights, mte_mask, clip_low: 
         ]
     )
     return loss, stats, grad
+
+
+# ---------------------------------------------------------------- adaLN modulation (diffusion heads)
+# Unlike the kernels above these take the heads' strided, broadcasting views as they are (a copy
+# would cost more than the op) and compute in the input dtype, as the official heads' LayerNorm does.
+# They are differentiable by PyTorch's autograd: the ops' torch backend in training too.
+def ln_modulate_fwd(x, shift, scale, weight, bias, eps: float) -> torch.Tensor:
+    """LayerNorm(x; weight, bias, eps) * (1 + scale) + shift; x [*Lx, N, W], shift/scale [*Lm, N, W]
+    broadcast over the leading dims (the seed trajectories), weight/bias [W] or None."""
+    normed = F.layer_norm(x, x.shape[-1:], weight, bias, eps)
+    return torch.addcmul(shift, normed, 1 + scale)
+
+
+def gate_residual_fwd(residual, h, gate, weight, bias, eps: float, in_place: bool) -> torch.Tensor:
+    """residual + gate * h, or residual + gate * LayerNorm(h; weight, bias, eps) when weight is given.
+
+    in_place: with grad mode off, `residual` (the head's running hidden state, dead after this
+    update) is overwritten when it already has the broadcast shape, so no new buffer is needed.
+    """
+    in_place = (
+        in_place
+        and not torch.is_grad_enabled()
+        and residual.is_contiguous()
+        and residual.shape == broadcast_shape(residual=residual.shape, h=h.shape, gate=gate.shape)
+    )
+    if weight is not None:
+        h = F.layer_norm(h, h.shape[-1:], weight, bias, eps)
+    return residual.addcmul_(gate, h) if in_place else torch.addcmul(residual, gate, h)
