@@ -116,6 +116,16 @@ class DDPMSampler(Sampler):
         if self.variance_type == "fixed_small":
             no_noise |= self.posterior_variance == 0
         self._deterministic = no_noise
+        fixed = {} if self._fixed_std is None else {"fixed_std": self._fixed_std}
+        self._keep_host_tables(
+            sqrt_abar=self._sqrt_abar,
+            sqrt_one_minus_abar=self._sqrt_one_minus_abar,
+            coef_x0=self._coef_x0,
+            coef_xt=self._coef_xt,
+            min_log=self._min_log,
+            max_log=self._max_log,
+            **fixed,
+        )
 
     def out_channels(self, channels: int) -> int:
         """2C for learned_range (eps/x0/v then the variance interpolation), else C."""
@@ -123,25 +133,27 @@ class DDPMSampler(Sampler):
 
     def _predict_x0(self, output: torch.Tensor, x: torch.Tensor, i: int) -> torch.Tensor:
         pred = output[..., : x.shape[-1]]
+        host = self._host
         if self.prediction_type == "epsilon":
-            x0 = (x - float(self._sqrt_one_minus_abar[i]) * pred) / float(self._sqrt_abar[i])
+            x0 = (x - host["sqrt_one_minus_abar"][i] * pred) / host["sqrt_abar"][i]
         elif self.prediction_type == "sample":
             x0 = pred
         else:
-            x0 = float(self._sqrt_abar[i]) * x - float(self._sqrt_one_minus_abar[i]) * pred
+            x0 = host["sqrt_abar"][i] * x - host["sqrt_one_minus_abar"][i] * pred
         if self.clip_sample is not None:
             x0 = x0.clamp(-self.clip_sample, self.clip_sample)
         return x0
 
     def _mean_std(self, output: torch.Tensor, x: torch.Tensor, i: int, temperature: float):
         x0 = self._predict_x0(output, x, i)
-        mean = float(self._coef_x0[i]) * x0 + float(self._coef_xt[i]) * x
-        if self._deterministic[i]:
+        host = self._host
+        mean = host["coef_x0"][i] * x0 + host["coef_xt"][i] * x
+        if host["deterministic"][i]:
             return mean, scalar_std(0.0, temperature, x)
         if self._fixed_std is not None:
-            return mean, scalar_std(float(self._fixed_std[i]), temperature, x)
+            return mean, scalar_std(host["fixed_std"][i], temperature, x)
         frac = (output[..., x.shape[-1] :] + 1.0) / 2.0
-        log_var = frac * float(self._max_log[i]) + (1.0 - frac) * float(self._min_log[i])
+        log_var = frac * host["max_log"][i] + (1.0 - frac) * host["min_log"][i]
         return mean, torch.exp(0.5 * log_var) * temperature
 
     # ------------------------------------------------------------------ training-time forward process

@@ -101,13 +101,15 @@ class FlowSDESampler(Sampler):
             self._coef_v = (1.0 + sigma_hat**2 * (1.0 - sigma) / (2.0 * sigma)) * dt
             self._std = sigma_hat * np.sqrt(-dt)
         self._deterministic = self._std == 0
+        self._keep_host_tables(coef_x=self._coef_x, coef_v=self._coef_v, std=self._std, sigma=self.sigmas)
 
     def _predict_x0(self, output: torch.Tensor, x: torch.Tensor, i: int) -> torch.Tensor:
-        return x - float(self.sigmas[i]) * output
+        return x - self._host["sigma"][i] * output
 
     def _mean_std(self, output: torch.Tensor, x: torch.Tensor, i: int, temperature: float):
-        mean = float(self._coef_x[i]) * x + float(self._coef_v[i]) * output
-        return mean, scalar_std(float(self._std[i]), temperature, x)
+        host = self._host
+        mean = host["coef_x"][i] * x + host["coef_v"][i] * output
+        return mean, scalar_std(host["std"][i], temperature, x)
 
     # ------------------------------------------------------------------ training-time forward process
     def add_noise(self, x0: torch.Tensor, noise: torch.Tensor, t_train: torch.Tensor) -> torch.Tensor:

@@ -53,7 +53,7 @@ class Sampler:
     # ------------------------------------------------------------------ per-step facts
     def model_time(self, i: int) -> float:
         """The value the head's time embedding receives at step i."""
-        return float(self._model_times[self._check_step(i)])
+        return self._host["model_times"][self._check_step(i)]
 
     @property
     def model_times(self) -> torch.Tensor:
@@ -167,6 +167,7 @@ class Sampler:
         are the same: float(array[i]) == array.tolist()[i])."""
         self._host = {name: tuple(values.tolist()) for name, values in arrays.items()}
         self._host["deterministic"] = tuple(bool(v) for v in self._deterministic)
+        self._host["model_times"] = tuple(float(v) for v in self._model_times)
 
     def _mean_std(self, output, x, i: int, temperature: float):  # pragma: no cover - abstract
         raise NotImplementedError
