@@ -23,7 +23,6 @@ from margrpo.heads import (
     unpatchify,
 )
 from margrpo import ops
-from margrpo.ops import _kernels, _table
 
 F64 = torch.float64
 
@@ -407,34 +406,6 @@ def test_head_denoise_triton_path_equals_torch_path(adaln, make):
         fused = head.denoise(x, modulation, backend="triton")
         plain = head.denoise(x, modulation, backend="torch")
     torch.testing.assert_close(fused, plain, rtol=1e-12, atol=1e-12)
-
-
-def test_adaln_backend_selection(monkeypatch):
-    """The adaLN ops follow the ops' selection: torch, triton, or for cpp / cuda (they have no such
-    kernels) auto's choice, the oracle on CPU; with grad mode on always the differentiable oracle."""
-    from margrpo.ops import adaln as adaln_ops, oracle
-
-    calls = []
-    original = oracle.ln_modulate_fwd
-    monkeypatch.setattr(oracle, "ln_modulate_fwd", lambda *a: calls.append(1) or original(*a))
-    _kernels.find.cache_clear()
-    _kernels._eager_picks.clear()
-    x, mod = torch.randn(2, 1, 3, 8, dtype=F64), torch.randn(2, 3, 8, dtype=F64)
-    for selection in ("torch", "auto", "cpp", "cuda", None):
-        with torch.no_grad():
-            out = ops.ln_modulate(x, mod, mod, backend=selection)
-        torch.testing.assert_close(out, original(x, mod, mod, None, None, 1e-6))
-    assert len(calls) == 5
-    xg = x.clone().requires_grad_()
-    ops.ln_modulate(xg, mod, mod, backend="triton").sum().backward()  # triton has no backward: the oracle
-    assert xg.grad is not None and len(calls) == 6
-    for name in ("ln_modulate", "gate_residual"):
-        assert name in _table.OPS
-    assert adaln_ops._LN_MODULATE.backends == ("torch", "triton")
-    with pytest.raises(ValueError, match="backend: got 'fast'"):
-        ops.ln_modulate(x, mod, mod, backend="fast")
-    _kernels.find.cache_clear()
-    _kernels._eager_picks.clear()
 
 
 # ------------------------------------------------------------------ ahead-of-time compilation for Hopper

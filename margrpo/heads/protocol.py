@@ -37,4 +37,5 @@ class DiffusionHead(Protocol):
 
     def denoise(self, x: torch.Tensor, modulation: Any, backend: str | None = None) -> torch.Tensor:
         """x [*L, N, C] -> the head output [*broadcast(L, B), N, out_channels]. backend: None (the
-        global margrpo.ops selection), "torch" or "triton" for fused primitives the head may use."""
+        global margrpo.ops selection) or a selection for the fused ops the head calls
+        (margrpo.ops.ln_modulate / gate_residual in margrpo's heads)."""

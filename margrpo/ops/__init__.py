@@ -4,6 +4,14 @@ Each op validates and normalises its input, picks a backend (torch | triton | cu
 by default or env MARGRPO_BACKEND) and has a torch.library custom op in namespace `margrpo`, so it
 works under torch.compile(fullgraph=True), fake tensors, opcheck and autograd. In plain eager mode
 the op calls the backend's kernels directly, skipping the custom op's dispatch (see _kernels.py).
+
+Where each op's pieces are: its public function and `FusedOp` in margrpo/ops/<module>.py, its eager
+oracle (the torch backend) in oracle.py, its Triton kernels in the checkout's kernels/<module>.py
+(margrpo.kernels.<module>), its C++/CUDA kernels in csrc/<module>.{h,cpp} and csrc/<module>_cuda.cu,
+its tests in tests/test_ops_<module>.py; the per-op table is in CONTRIBUTING.md ("A new fused op").
+Modules: gaussian_logprob, trajectory_std, topk (topk_mask, topk_indices), consistency
+(consistency_mask), grpo_surrogate, adaln (ln_modulate, gate_residual: the diffusion heads' adaLN
+steps; torch and triton only, forward-only kernels).
 """
 
 from . import _backend

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import _backend, _kernels
+from . import _backend, _kernels, oracle
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,8 @@ class FusedOp:
                 device, self.name, self.module, *self.kernels, elements=elements, selection=backend, implemented=self.backends
             )
         if self.forward_only and backend == "torch":
-            return self.forward(self._kernels_of("torch"), "torch", *inputs)  # inline: torch.compile traces it
+            # inline, so torch.compile traces the oracle's ops (getattr: no cached lookup to trace)
+            return self.forward(tuple(getattr(oracle, name) for name in self.kernels), "torch", *inputs)
         return self.custom_op(*inputs, backend)
 
     # ------------------------------------------------------------------ autograd, both routes
