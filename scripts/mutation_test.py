@@ -114,6 +114,7 @@ def _ops(name: str) -> tuple[str, ...]:
 
 
 GRPO, ROLL, TRAIN, ORACLE = "margrpo/grpo", "margrpo/rollout", "margrpo/train/trainer.py", "margrpo/ops/oracle.py"
+STEP = "margrpo/train/step.py"
 
 SENTINEL_MESSAGE = "margrpo-mutation-sentinel: the mutated copy was imported"
 # runs first: importing margrpo raises, so its tests fail with this message exactly when pytest imports the
@@ -180,9 +181,9 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "lr_scheduler_not_stepped",
-        f"{TRAIN}::Trainer._update_step",
-        "self.scheduler.step()",
-        "pass  # self.scheduler.step()",
+        f"{STEP}::_rollout_and_update",
+        "t.scheduler.step()",
+        "pass  # t.scheduler.step()",
         "the LR scheduler is not stepped after an update",
         (f"{OPTIM}::test_lr_schedule_follows_the_step_count_through_skipped_steps",),
     ),
@@ -204,9 +205,9 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "same_noise_every_step",
-        f"{TRAIN}::Trainer._step_prompts",
-        "sample_seed(self.config.run.seed, step, s, i)",
-        "sample_seed(self.config.run.seed, 0, s, i)",
+        f"{STEP}::step_prompts",
+        "sample_seed(t.config.run.seed, step, s, i)",
+        "sample_seed(t.config.run.seed, 0, s, i)",
         "every training step draws the same noise",
         (f"{OPTIM}::test_every_step_draws_new_noise_and_prompts",),
     ),
@@ -459,8 +460,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "optim_grad_clip_ignored",
-        f"{TRAIN}::Trainer._update_step",
-        "grad_clip = math.inf if self.config.optim.grad_clip is None else self.config.optim.grad_clip",
+        f"{STEP}::_rollout_and_update",
+        "grad_clip = math.inf if t.config.optim.grad_clip is None else t.config.optim.grad_clip",
         "grad_clip = math.inf",
         "optim.grad_clip ignored",
         (f"{OPTIM}::test_optimizer_steps_see_gradients_clipped_to_optim_grad_clip",),
@@ -474,24 +475,24 @@ MUTANTS: tuple[Mutant, ...] = (
         (f"{OPTIM}::test_a_frozen_head_gets_no_gradient_and_stays_out_of_the_clip_norm",),
     ),
     Mutant(
-        "reference_is_the_policy",
+        "ref_policy_is_the_policy",
         f"{TRAIN}::Trainer.__init__",
-        "self.reference = copy.deepcopy(self.policy).eval().requires_grad_(False)",
-        "self.reference = self.policy",
-        "the KL reference moves with the policy (KL always 0)",
-        (f"{OPTIM}::test_the_kl_reference_stays_the_starting_policy",),
+        "self.ref_policy = copy.deepcopy(self.policy).eval().requires_grad_(False)",
+        "self.ref_policy = self.policy",
+        "the KL's ref policy moves with the policy (KL always 0)",
+        (f"{OPTIM}::test_the_kl_ref_policy_stays_the_starting_policy",),
     ),
     Mutant(
         "same_plan_every_step",
-        f"{TRAIN}::Trainer._plan",
-        "manual_seed(self.config.run.seed * 7_919 + step)",
-        "manual_seed(self.config.run.seed * 7_919)",
+        f"{STEP}::record_plan",
+        "manual_seed(t.config.run.seed * 7_919 + step)",
+        "manual_seed(t.config.run.seed * 7_919)",
         "every step records the same mask/diffusion steps",
         (f"{OPTIM}::test_every_step_draws_new_noise_and_prompts",),
     ),
     Mutant(
         "advantage_std_option_ignored",
-        f"{TRAIN}::Trainer._advantages",
+        f"{STEP}::group_advantages",
         'unbiased=g.advantage_std == "unbiased"',
         "unbiased=False",
         "grpo.advantage_std ignored by the trainer",
@@ -499,7 +500,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "drop_zero_variance_inverted",
-        f"{TRAIN}::Trainer._update_step",
+        f"{STEP}::_rollout_and_update",
         "samples = ~flat if",
         "samples = flat if",
         "drop_zero_variance trains on the flat groups only",

@@ -116,10 +116,10 @@ def test_held_out_evaluation_uses_the_ema_and_restores_the_training_weights(tmp_
 
 def test_the_reference_becomes_the_policy_every_n_steps(tmp_path, tiny_checkpoint):
     trainer = make(tmp_path, tiny_checkpoint, "grpo.kl_beta=0.1", "grpo.ref_refresh_every=2")
-    start = named(trainer.reference, trainable(trainer.policy))
+    start = named(trainer.ref_policy, trainable(trainer.policy))
     kls = [m["kl"] for m in steps(trainer, 2)]
     policy = trainable(trainer.policy)
-    reference = named(trainer.reference, policy)
+    reference = named(trainer.ref_policy, policy)
     assert policy and all(torch.equal(reference[n], policy[n]) for n in policy)  # refreshed after step 2
     assert any(not torch.equal(policy[n], start[n]) for n in policy)
     kls += [m["kl"] for m in steps(trainer, 1)]
@@ -130,17 +130,17 @@ def test_the_reference_becomes_the_policy_every_n_steps(tmp_path, tiny_checkpoin
 def test_ema_and_refreshed_reference_resume_exactly(tmp_path, tiny_checkpoint):
     extra = ("run.ema_decay=0.9", "grpo.kl_beta=0.1", "grpo.ref_refresh_every=2", "run.steps=3")
     first = make(tmp_path, tiny_checkpoint, *extra)
-    start = named(first.reference, trainable(first.policy))
+    start = named(first.ref_policy, trainable(first.policy))
     steps(first, 2)
     first.save_checkpoint()
     final = steps(first, 1)[0]
     resumed = make(tmp_path, tiny_checkpoint, *extra)
     assert resumed.step == 2
-    refreshed = named(resumed.reference, start)
+    refreshed = named(resumed.ref_policy, start)
     assert any(not torch.equal(refreshed[n], start[n]) for n in refreshed)  # not the starting policy
     again = steps(resumed, 1)[0]
     assert again["kl"] == final["kl"]
-    for ours, theirs in ((resumed.policy, first.policy), (resumed.reference, first.reference)):
+    for ours, theirs in ((resumed.policy, first.policy), (resumed.ref_policy, first.ref_policy)):
         other = dict(theirs.named_parameters())
         assert all(torch.equal(p, other[n]) for n, p in ours.named_parameters())
     ema, expected = resumed.ema.state_dict(), first.ema.state_dict()

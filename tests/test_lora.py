@@ -123,7 +123,7 @@ def test_no_second_copy_and_a_step_trains_only_the_adapters(tmp_path, tiny_check
     monkeypatch.setattr(trainer_module.copy, "deepcopy", watching_deepcopy)
     trainer = lora_trainer(tmp_path, tiny_checkpoint)
     monkeypatch.undo()
-    assert copied == [] and trainer.reference is None
+    assert copied == [] and trainer.ref_policy is None
     base = TinyMAR.load(tiny_checkpoint)
     adapters = {id(p) for p in lora_utils.adapter_parameters(trainer.policy)}
     # the trainer holds the base weights once (plus the adapters), and trains the adapters only
@@ -153,9 +153,8 @@ def test_the_trainers_reference_is_the_untouched_base_model(tmp_path, tiny_check
     trainer.policy.eval()
     with torch.no_grad():
         expected = rollout_logprob(base, rollout)
-        with trainer._reference_policy() as reference:
-            assert reference is trainer.policy
-            got = rollout_logprob(reference, rollout)
+        with lora_utils.adapters_disabled(trainer.policy) as base_policy:  # what the step passes as ref policy
+            got = rollout_logprob(base_policy, rollout)
         adapted = rollout_logprob(trainer.policy, rollout)
     # the same float32 operations on the same weights: bit-identical
     assert torch.equal(got.logp, expected.logp) and torch.equal(got.mean, expected.mean)

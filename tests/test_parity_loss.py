@@ -45,6 +45,7 @@ from margrpo.rollout import Rollout, RolloutConfig
 from margrpo.rollout.likelihood import RolloutLikelihood
 from margrpo.rollout.plan import RecordPlan
 from margrpo.train.config import load_config
+from margrpo.train.step import group_advantages
 from margrpo.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -155,7 +156,7 @@ class Case:
 
     def ours(self, selection_seed: int = 1) -> tuple[list[torch.Tensor], float]:
         """(d loss / d theta of every optimizer update, the summed loss value), from margrpo.grpo.update."""
-        advantages = self.trainer._advantages(self.rewards, self.rollout.prompts)
+        advantages = group_advantages(self.trainer, self.rewards, self.rollout.prompts)
         theta, grads = self.theta, []
 
         class Capture:  # an optimizer that records the gradient of every step
@@ -366,11 +367,11 @@ def test_harmon_recorded_main_takes_the_sampling_time_std():
 def test_unbiased_advantage_std(model):
     """4. Advantages divide by the unbiased group std."""
     case = Case(model, only())
-    ours = case.trainer._advantages(case.rewards, case.rollout.prompts)
+    ours = group_advantages(case.trainer, case.rewards, case.rollout.prompts)
     torch.testing.assert_close(ours, reference_advantages(case.rewards), rtol=RTOL, atol=0)
     assert_updates_match(case.ours(), reference_losses(case, mte=False, consistency=False, beta=0.0))
     default = Case(model, only() + ["grpo.advantage_std=population"])
-    assert not torch.allclose(default.trainer._advantages(case.rewards, case.rollout.prompts), ours)
+    assert not torch.allclose(group_advantages(default.trainer, case.rewards, case.rollout.prompts), ours)
 
 
 @pytest.mark.parametrize("model", ["nova", "harmon"])

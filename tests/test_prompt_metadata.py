@@ -21,6 +21,7 @@ from margrpo.prompt_files import (
 )
 from margrpo.rewards import MissingMetadataError, Reward, build_reward, register, synthetic
 from margrpo.sample import read_prompts
+from margrpo.train.step import watch_flat_rewards
 from margrpo.train.trainer import Trainer
 
 LINES = [
@@ -231,5 +232,5 @@ def test_a_varying_reward_resets_the_count(tmp_path, tiny_checkpoint):
     trainer = make(tmp_path, tiny_checkpoint, "rewards={test_prompt_metadata_constant: 1.0}")
     trainer.train_step()
     assert trainer.flat_steps["test_prompt_metadata_constant"] == 1
-    trainer._watch_flat_rewards({"test_prompt_metadata_constant": torch.tensor([0.0, 1.0, 2.0, 2.0])})
+    watch_flat_rewards(trainer, {"test_prompt_metadata_constant": torch.tensor([0.0, 1.0, 2.0, 2.0])})
     assert trainer.flat_steps["test_prompt_metadata_constant"] == 0  # the first group varies

@@ -13,7 +13,7 @@ from conftest import make_tiny_checkpoint
 
 from margrpo.grpo import update
 from margrpo.rewards import Reward, register
-from margrpo.train import trainer as trainer_module
+from margrpo.train import step as step_module
 from margrpo.train.config import load_config
 from margrpo.train.trainer import Trainer
 
@@ -205,11 +205,11 @@ def test_drop_zero_variance_trains_as_if_the_flat_groups_were_not_there(tmp_path
     )
     calls = []
 
-    def spy(policy, reference, rollout, advantages, config, optimizer, **kwargs):
+    def spy(policy, ref_policy, rollout, advantages, config, optimizer, **kwargs):
         calls.append((rollout, advantages))
-        return update(policy, reference, rollout, advantages, config, optimizer, **kwargs)
+        return update(policy, ref_policy, rollout, advantages, config, optimizer, **kwargs)
 
-    monkeypatch.setattr(trainer_module, "update", spy)
+    monkeypatch.setattr(step_module, "update", spy)
     seen = capture_optimizer_steps(trainer)
     trainer.train_step()
     ((rollout, advantages),) = calls
@@ -280,7 +280,7 @@ def test_a_frozen_head_gets_no_gradient_and_stays_out_of_the_clip_norm(tmp_path,
             assert torch.equal(p.detach(), head[n]) and p.grad is None
 
 
-def test_the_kl_reference_stays_the_starting_policy(tmp_path, tiny_checkpoint):
+def test_the_kl_ref_policy_stays_the_starting_policy(tmp_path, tiny_checkpoint):
     """The KL of the first step is 0 (the policy is the reference), that of the next one positive
     (the policy moved, the reference did not), and the reference keeps the checkpoint's weights."""
     trainer = make(tmp_path, tiny_checkpoint, "grpo.kl_beta=0.1", "optim.lr=1e-2")
@@ -289,5 +289,5 @@ def test_the_kl_reference_stays_the_starting_policy(tmp_path, tiny_checkpoint):
     assert first["kl"] == pytest.approx(0.0, abs=1e-12)
     assert second["kl"] > 1e-8
     assert any(not torch.equal(p.detach(), start[n]) for n, p in trainer.policy.named_parameters())
-    for n, p in trainer.reference.named_parameters():
+    for n, p in trainer.ref_policy.named_parameters():
         assert torch.equal(p, start[n]), n

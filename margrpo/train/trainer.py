@@ -1,8 +1,9 @@
 """The MAR-GRPO trainer: rollout -> rewards -> advantages -> token selection -> clipped likelihood-ratio
-updates with a KL to a frozen reference; checkpoint/resume, logging, evaluation, torchrun (DDP or
-FSDP2, margrpo.train.distributed). The reference is a frozen copy of the starting policy (refreshed to
-the current policy every grpo.ref_refresh_every steps), or, when only LoRA adapters train (grpo.lora),
-the policy itself with its adapters disabled. run.ema_decay keeps an EMA of the trainable weights.
+updates with a KL to a frozen ref policy. This module is the run's lifecycle: setup, checkpoint/resume,
+logging, evaluation, the loop, torchrun (DDP or FSDP2, margrpo.train.distributed); one step is
+margrpo.train.step. The ref policy is a frozen copy of the starting policy (refreshed to the current
+policy every grpo.ref_refresh_every steps), or, when only LoRA adapters train (grpo.lora), the policy
+itself with its adapters disabled. run.ema_decay keeps an EMA of the trainable weights.
 
     margrpo train --config configs/shapes-tiny.yaml [key=value ...]
 """
@@ -16,46 +17,24 @@ import json
 import math
 import signal
 import sys
-import time
-import warnings
 from pathlib import Path
 
 import torch
 import yaml
 
 from margrpo.config import ConfigFileNotFoundError, to_dict
-from margrpo.grpo import Collectives, update
+from margrpo.grpo import Collectives
 from margrpo.grpo import advantages as adv_mod
 from margrpo.models import load_backbone, resolve_device
 from margrpo.models.base import check_backbone
-from margrpo.rollout import choose_plan, generate, mask_schedule, mirror_pairs, sample_seed, shared_seed
 
 from . import checkpoint as ckpt
+from . import step as step_mod
 from . import distributed as dist_utils
 from . import lora as lora_utils
 from .config import ConfigError, TrainerConfig, load_config, reward_weight_notes
 from .evaluate import generate_images, verifier_summary
 from .metrics import MetricsLogger, plot_curves
-
-
-class TrainingStopped(RuntimeError):
-    """Raised when too many consecutive steps were skipped for non-finite values."""
-
-
-class _Snapshot:
-    """The trainable weights and the optimizer state at one moment, to restore after a skipped update.
-    Costs a copy of both (about 3x the trainable parameters with AdamW) while the update runs."""
-
-    def __init__(self, policy: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        self.optimizer = optimizer
-        self.weights = [(p, p.detach().clone()) for p in policy.parameters() if p.requires_grad]
-        self.state = copy.deepcopy(optimizer.state_dict())
-
-    def restore(self) -> None:
-        with torch.no_grad():
-            for param, value in self.weights:
-                param.copy_(value)
-        self.optimizer.load_state_dict(self.state)
 
 
 class _EMA:
@@ -121,12 +100,12 @@ class Trainer:
             raise ConfigError(f"backbone.diffusion_steps: {err}") from err
         self._check_recordable()
         self._configure_trainable()
-        self.reference = None  # a frozen copy of the starting policy, when the KL needs one
+        self.ref_policy = None  # a frozen copy of the starting policy, when the KL needs one
         if config.grpo.kl_beta > 0 and not config.grpo.lora.rank:
-            # (with LoRA the reference is the policy with its adapters disabled: no copy)
-            self.reference = copy.deepcopy(self.policy).eval().requires_grad_(False)
+            # (with LoRA the ref policy is the policy with its adapters disabled: no copy)
+            self.ref_policy = copy.deepcopy(self.policy).eval().requires_grad_(False)
         self.sharded = run.parallel == "fsdp2" and dist_utils.active()
-        if self.sharded:  # after the reference copy (which stays whole) and before the optimizer
+        if self.sharded:  # after the ref policy copy (which stays whole) and before the optimizer
             dist_utils.shard_fsdp2(self.policy, self.device)
         self.ema = _EMA(self.policy, run.ema_decay) if run.ema_decay else None  # after sharding: shaped like the shards
         self.collectives = Collectives(
@@ -180,14 +159,6 @@ class Trainer:
         # frozen head: no parameter updates, but gradients still flow through it into z
         self.policy.head.requires_grad_(g.head != "frozen")
 
-    def _reference_policy(self):
-        """The frozen reference policy of the KL term: the base weights (a context in which the policy
-        runs with its LoRA adapters disabled) when training LoRA, else the frozen copy of the starting
-        policy; None without a KL term."""
-        if self.config.grpo.kl_beta > 0 and self.config.grpo.lora.rank:
-            return lora_utils.adapters_disabled(self.policy)
-        return self.reference
-
     def _build_optimizer(self):
         o = self.config.optim
         head_ids = {id(p) for p in self.policy.head.parameters()}
@@ -218,7 +189,7 @@ class Trainer:
                 f"rollout.num_mask_steps: got {steps}, expected at most the model's {tokens} tokens (a step beyond them reveals nothing)"
             )
         try:
-            self._plan(0)
+            step_mod.record_plan(self, 0)
         except ValueError as err:  # choose_plan names the rollout key
             raise ConfigError(f"rollout.{err}") from err
 
@@ -294,217 +265,18 @@ class Trainer:
             by_category.setdefault(category, []).append(i)
         return list(by_category.values())
 
-    # ------------------------------------------------------------------ one step
-    def _step_prompts(self, step: int) -> tuple[list[str], list[int], list[int]]:
-        """This rank's prompts (each repeated G times), their seeds, and global prompt slots.
+    # ------------------------------------------------------------------ one step: margrpo.train.step
+    # its functions take the trainer as their first argument, so they serve as methods as they stand
+    train_step = step_mod.train_step
+    rollout = step_mod.step_rollout
+    step_metadata = step_mod.step_metadata
+    # margrpo/bench/step.py and bench/models.py read these under their old names
+    _step_prompts = step_mod.step_prompts
+    _plan = step_mod.record_plan
 
-        Prompt draws and seeds depend only on (run seed, step, global slot), never on the rank, so a
-        run over W ranks samples exactly what one process would, and no two samples share noise."""
-        picks, slots = self._step_picks(step)
-        g = self.config.grpo
-        prompts = [self.train_prompts[picks[s]] for s in slots for _ in range(g.group_size)]
-        seeds = [sample_seed(self.config.run.seed, step, s, i) for s in slots for i in range(g.group_size)]
-        return prompts, seeds, slots
-
-    def step_metadata(self, step: int) -> list[dict] | None:
-        """The reward metadata of this rank's samples at `step` (as _step_prompts orders them), or None
-        when the train prompts carry none."""
-        if self.train_metadata is None:
-            return None
-        picks, slots = self._step_picks(step)
-        return [self.train_metadata[picks[s]] for s in slots for _ in range(self.config.grpo.group_size)]
-
-    def _step_picks(self, step: int) -> tuple[list[int], list[int]]:
-        """(train prompt index of every global slot, this rank's global slots) at `step`."""
-        g = self.config.grpo
-        total = g.prompts_per_step * self.world
-        rng = torch.Generator().manual_seed(self.config.run.seed * 1_000_003 + step)
-        if len(self.prompt_groups) == 1:
-            picks = torch.randint(len(self.train_prompts), (total,), generator=rng).tolist()
-        else:  # a uniform group (category), then a uniform prompt of it
-            kinds = torch.randint(len(self.prompt_groups), (total,), generator=rng).tolist()
-            within = torch.rand(total, generator=rng, dtype=torch.float64).tolist()
-            picks = [self.prompt_groups[k][int(u * len(self.prompt_groups[k]))] for k, u in zip(kinds, within)]
-        slots = list(range(self.rank * g.prompts_per_step, (self.rank + 1) * g.prompts_per_step))
-        return picks, slots
-
-    def rollout(self, step: int):
-        """(prompts, Rollout) of training step `step`: its prompts, seeds and recording plan, with the
-        group's common random numbers under grpo.group_noise: common. The policy is put in eval mode."""
-        prompts, seeds, slots = self._step_prompts(step)
-        shared = mirror = None
-        group_size = self.config.grpo.group_size
-        if self.config.grpo.group_noise in ("common", "antithetic"):  # one seed per group
-            shared = [shared_seed(self.config.run.seed, step, s) for s in slots for _ in range(group_size)]
-        if self.config.grpo.group_noise == "antithetic":
-            mirror = mirror_pairs(len(slots), group_size)
-        self.policy.eval()
-        return prompts, generate(
-            self.policy,
-            prompts,
-            self.config.rollout,
-            seeds,
-            sampler=self.sampler,
-            plan=self._plan(step),
-            shared_seeds=shared,
-            mirror=mirror,
-        )
-
-    def _plan(self, step: int):
-        cfg = self.config.rollout
-        counts = mask_schedule(self.policy.num_tokens, cfg.num_mask_steps, cfg.schedule)
-        rng = torch.Generator().manual_seed(self.config.run.seed * 7_919 + step)  # same plan on every rank
-        plan = choose_plan(
-            counts,
-            self.sampler,
-            cfg.record_mask_steps,
-            cfg.record_diffusion_steps,
-            rng,
-            known_mask=cfg.known_mask,
-            diffusion_range=cfg.record_diffusion_range,
-        )
-        # matching scores the committed tokens of the recorded mask steps: no transitions to record (the
-        # same mask steps as under transition, so runs of the two estimators pair step by step)
-        return plan.mask_steps_only() if self.config.grpo.estimator == "matching" else plan
-
-    def _advantages(self, rewards: torch.Tensor, prompts: list[str]) -> torch.Tensor:
-        g = self.config.grpo
-        all_rewards = dist_utils.all_gather_cat(rewards)  # advantages over the global batch
-        if g.advantage == "tracker":
-            all_prompts = dist_utils.all_gather_objects(prompts)
-            advantages = self.tracker(all_prompts, all_rewards)
-        else:
-            advantages = adv_mod.group_advantages(
-                all_rewards, g.group_size, g.advantage, g.advantage_eps, unbiased=g.advantage_std == "unbiased"
-            )
-        if g.drop_zero_variance:
-            advantages = advantages * ~adv_mod.zero_variance_groups(all_rewards, g.group_size)
-        mine = slice(self.rank * rewards.numel(), (self.rank + 1) * rewards.numel())
-        return advantages[mine]
-
-    def train_step(self) -> dict[str, float]:
-        """One step (rollout, rewards, update); every grpo.ref_refresh_every steps, skipped ones included,
-        the reference then becomes the policy."""
-        metrics = self._update_step()
-        every = self.config.grpo.ref_refresh_every
-        if every and (self.step + 1) % every == 0:
-            self._refresh_reference()
-        return metrics
-
-    def _refresh_reference(self) -> None:
-        """Copy the trainable weights into the reference (the frozen ones are equal already); under
-        FSDP2 each rank gathers the full tensors, the reference being whole on every rank."""
-        own = dict(self.reference.named_parameters())
-        with torch.no_grad():
-            for name, param in self.policy.named_parameters():
-                if param.requires_grad:
-                    own[name].copy_(param.full_tensor() if hasattr(param, "full_tensor") else param)
-
-    def _update_step(self) -> dict[str, float]:
-        step = self.step
-        timings = {}
-        t0 = time.perf_counter()
-        prompts, rollout = self.rollout(step)
-        timings["time/rollout"] = time.perf_counter() - t0
-
-        t0 = time.perf_counter()
-        result = self.reward(rollout.images, prompts, self.step_metadata(step))
-        rewards = result.total.float().to(self.device)
-        timings["time/reward"] = time.perf_counter() - t0
-        self._watch_flat_rewards(result.raw)
-        all_rewards = dist_utils.all_gather_cat(rewards)  # the batch statistics cover every rank
-        metrics = {k: v for k, v in result.log_values("reward").items() if not k.startswith("reward/total")}
-        metrics.update({"reward_mean": all_rewards.mean().item(), "reward_std": all_rewards.std(unbiased=False).item()})
-        if not dist_utils.all_ranks(torch.isfinite(rewards).all()):
-            return self._skip("reward", metrics, timings)
-
-        t0 = time.perf_counter()
-        advantages = self._advantages(rewards, prompts)
-        # grpo.drop_zero_variance: groups of identical rewards leave the policy term and its normaliser
-        flat = adv_mod.zero_variance_groups(rewards, self.config.grpo.group_size)
-        samples = ~flat if self.config.grpo.drop_zero_variance else None
-        grad_clip = math.inf if self.config.optim.grad_clip is None else self.config.optim.grad_clip
-        # an update of several optimizer steps can meet a non-finite loss after some of them: keep what
-        # it starts from, so that a skipped step changes nothing (one step checks before it moves)
-        snapshot = _Snapshot(self.policy, self.optimizer) if self._optimizer_steps() > 1 else None
-        outcome = update(
-            self.policy,
-            self._reference_policy(),
-            rollout,
-            advantages,
-            self.config.grpo,
-            self.optimizer,
-            grad_clip=grad_clip,
-            bf16=self.config.optim.bf16,
-            collectives=self.collectives,
-            samples=samples,
-        )
-        if outcome.skipped:
-            if snapshot is not None:
-                snapshot.restore()
-            return self._skip(outcome.skipped, metrics, timings)
-        self.scheduler.step()
-        if self.ema is not None:
-            self.ema.update()
-        timings["time/train"] = time.perf_counter() - t0
-        self.bad_steps = 0
-        metrics.update(outcome.metrics)
-        all_advantages = dist_utils.all_gather_cat(advantages)
-        metrics.update(
-            {
-                "advantage_mean": all_advantages.mean().item(),
-                "advantage_abs_mean": all_advantages.abs().mean().item(),
-                # groups whose rewards are all equal carry no advantage: a coarse reward starves GRPO
-                "zero_variance_fraction": adv_mod.zero_variance_groups(all_rewards, self.config.grpo.group_size).float().mean().item(),
-                "lr": self.scheduler.get_last_lr()[0],
-                "skipped_total": self.skipped_total,
-            }
-        )
-        total_time = sum(timings.values())
-        metrics.update(timings)
-        metrics["images_per_s"] = len(prompts) * self.world / max(total_time, 1e-9)
-        return metrics
-
-    def _watch_flat_rewards(self, raw: dict[str, torch.Tensor]) -> None:
-        """Count, per reward term, the steps in a row whose every group scored all its samples alike (no
-        advantage for GRPO); say so on stderr when a count reaches run.flat_reward_warn_steps."""
-        every = self.config.run.flat_reward_warn_steps
-        for name, scores in raw.items():
-            flat = (
-                adv_mod.zero_variance_groups(dist_utils.all_gather_cat(scores.float().to(self.device)), self.config.grpo.group_size)
-                .all()
-                .item()
-            )
-            self.flat_steps[name] = self.flat_steps.get(name, 0) + 1 if flat else 0
-            if every and self.flat_steps[name] == every and self.is_main:
-                print(
-                    f"[margrpo] step {self.step}: reward {name!r} gave every group identical scores for {every} "
-                    "steps in a row: it gives GRPO no advantage (a reward blind to these images or prompts, "
-                    "missing metadata, or a saturated score?)",
-                    file=sys.stderr,
-                )
-
-    def _optimizer_steps(self) -> int:
-        """An upper bound on the optimizer steps of one update (fewer when a minibatch would be empty)."""
-        g = self.config.grpo
-        return g.inner_epochs * g.minibatches
-
-    def _skip(self, what: str, metrics: dict, timings: dict) -> dict:
-        """A non-finite reward, loss or gradient: skip the update, count it, stop after too many."""
-        self.bad_steps += 1
-        self.skipped_total += 1
-        with warnings.catch_warnings():  # the schedule follows the step count, skipped steps included
-            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
-            self.scheduler.step()
-        metrics.update(timings)
-        metrics.update({"skipped": what, "skipped_total": self.skipped_total})
-        print(f"[margrpo] step {self.step}: non-finite {what}; update skipped ({self.bad_steps} in a row)", file=sys.stderr)
-        if self.bad_steps >= self.config.run.max_bad_steps:
-            raise TrainingStopped(
-                f"{self.bad_steps} consecutive steps had a non-finite {what} (run.max_bad_steps="
-                f"{self.config.run.max_bad_steps}); stopping. Last metrics: {metrics}"
-            )
-        return metrics
+    @property
+    def reference(self):
+        return self.ref_policy
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, step: int, log: bool = True, grid_name: str | None = None) -> dict[str, float]:
@@ -552,18 +324,18 @@ class Trainer:
             "bad_steps": self.bad_steps,
             "skipped_total": self.skipped_total,
             "ema": ema,
-            "reference": self._refreshed_reference(),
+            "ref_policy": self._refreshed_ref_policy(),
             "config": yaml.safe_dump(to_dict(self.config), sort_keys=False),
             "world": self.world,  # what a resume must match
         }
         return ckpt.save(self.out_dir / "checkpoints", self.step, weights, state, self.config.run.keep_last)
 
-    def _refreshed_reference(self) -> dict[str, torch.Tensor] | None:
-        """The reference's trainable weights when refreshes may have moved them off the starting policy."""
+    def _refreshed_ref_policy(self) -> dict[str, torch.Tensor] | None:
+        """The ref policy's trainable weights when refreshes may have moved them off the starting policy."""
         if not self.config.grpo.ref_refresh_every:
             return None
         trainable = {n for n, p in self.policy.named_parameters() if p.requires_grad}
-        return {n: p.detach().to("cpu", copy=True) for n, p in self.reference.named_parameters() if n in trainable}
+        return {n: p.detach().to("cpu", copy=True) for n, p in self.ref_policy.named_parameters() if n in trainable}
 
     def _resume(self) -> None:
         """Load the run's newest valid checkpoint, after finishing what a killed process left."""
@@ -604,10 +376,11 @@ class Trainer:
         ckpt.set_rng_state(state["rng"])
         if self.tracker is not None and state.get("tracker"):
             self.tracker.load_state_dict(state["tracker"])
-        if state.get("reference") is not None:
-            own = dict(self.reference.named_parameters())
+        refreshed = state.get("ref_policy", state.get("reference"))  # "reference": checkpoints before 2026-12
+        if refreshed is not None:
+            own = dict(self.ref_policy.named_parameters())
             with torch.no_grad():
-                for name, value in state["reference"].items():
+                for name, value in refreshed.items():
                     own[name].copy_(value)
         self.step = state["step"]
         self.bad_steps, self.skipped_total = state.get("bad_steps", 0), state.get("skipped_total", 0)
