@@ -7,11 +7,15 @@
 #   bash benchmarks/gpu/run.sh OUT_DIR [--smoke] [PHASE ...]
 #
 # Phases run in the order given (default: all, in this order): setup kernels step rollout denoise
-# rewards ops. On a bare 15-minute GPU machine the whole run is ONE command of at most 400 s:
+# compile profile rewards ops. On a bare 15-minute GPU machine the whole run is ONE command of at most
+# 470 s:
 #
-#   timeout -k 5 400 bash benchmarks/gpu/run.sh OUT setup kernels step rollout denoise rewards ops
+#   timeout -k 5 470 bash benchmarks/gpu/run.sh OUT setup kernels step rollout denoise compile profile rewards ops
 #
-# Time: the phases' LIMITs (below) add up to BUDGET = 389 s. A phase may use its own limit plus what
+# and issue 26's owed figures alone (the head compile comparison and the NOVA step profile) fit a short
+# lease: timeout -k 5 200 bash benchmarks/gpu/run.sh OUT setup compile profile
+#
+# Time: the phases' LIMITs (below) add up to BUDGET = 459 s. A phase may use its own limit plus what
 # the phases before it left unused, never the limits of the phases after it, so the run ends within
 # BUDGET (+5 s per kill) whatever happens; the later phases are the ones that matter least. Expected
 # on an H200 (16 cores, fresh machine; about 351 s, from runs 1 and 2 of 2026-12-04):
@@ -24,6 +28,13 @@
 #                                 Harmon-1.5B (60 s; ~58), real backbones at 16 mask steps, 3 trained
 #   rollout  32 s limit, ~29 s    Harmon and NOVA heads, fused / per-seed / reference, 8 mask steps
 #   denoise  27 s limit, ~25 s    the Harmon mar_h head: fused, eager, torch.compile (NOVA's heads: runs 1-2)
+#   compile  30 s limit (not yet run on a GPU)  margrpo.bench.head_compile: graph breaks of the fused and
+#                                 the eager loop, then eager / eager+compile / fused / fused+compile
+#                                 (fullgraph) of NOVA-0.6B's head (N 64, T 25) and the tiny head,
+#                                 interleaved (OUT/compile.json)
+#   profile  40 s limit (not yet run on a GPU)  margrpo.bench.nova_profile: one fused NOVA-0.6B GRPO step
+#                                 (16 mask steps, 3 recorded, 4 images, bf16) split by phase: time,
+#                                 FLOPs, MFU against the card's dense bf16 peak (OUT/profile.json)
 #   rewards  25 s limit, ~27 s    hps, jpeg, aesthetic, pickscore at full size in bf16 (random weights
 #                                 drawn on the GPU)
 #   ops      25 s limit, ~25 s    every op on every backend at the nova and steps-x16 shapes, eager and
@@ -49,10 +60,10 @@ if [ "${1:-}" = "--smoke" ]; then
   SMOKE=1
   shift
 fi
-ALL=(setup kernels step rollout denoise rewards ops)
+ALL=(setup kernels step rollout denoise compile profile rewards ops)
 PHASES=("$@")
 [ ${#PHASES[@]} -eq 0 ] && PHASES=("${ALL[@]}")
-declare -A LIMIT=([setup]=95 [kernels]=75 [step]=110 [rollout]=32 [denoise]=27 [rewards]=25 [ops]=25)
+declare -A LIMIT=([setup]=95 [kernels]=75 [step]=110 [rollout]=32 [denoise]=27 [compile]=30 [profile]=40 [rewards]=25 [ops]=25)
 NOVA_SHARE=50  # seconds of LIMIT[step] for step_nova; step_harmon gets the rest
 for phase in "${PHASES[@]}"; do
   [ -n "${LIMIT[$phase]:-}" ] || { echo "run.sh: unknown phase '$phase', expected some of: ${ALL[*]}" >&2; exit 2; }
@@ -74,6 +85,9 @@ if [ $SMOKE = 1 ]; then
   export TRITON_INTERPRET=1 MARGRPO_TEST_THREADS=1
   OPS=(--shapes nova --modes forward,full --min-time 0.02 --no-compile)
   DENOISE=(--cases harmon-mar_h,nova-d3w1280 --tokens 8 --steps 2 --repeats 1 --methods fused,eager)
+  COMPILE=(--cases tiny --tokens 4 --steps 2 --explain-only)  # compiling on a shared CPU takes minutes
+  PROFILE=(--preset nova-tiny --dtype float32 --mask-steps 4 --record-mask-steps 2 --record-diffusion-steps 2
+           --diffusion-steps 4 --num-seeds 2 --paths fused)
   ROLLOUT=(--models harmon,nova,tiny --batch 1 --tokens 16 --mask-steps 3 --diffusion-steps 2 --repeats 1
            --warmup-mask-steps 2)
   NOVA=(--tiny --dtype bfloat16 --autocast)
@@ -84,6 +98,8 @@ else
   DEV=cuda
   OPS=(--shapes nova,steps-x16 --modes forward,full --min-time 0.03)
   DENOISE=(--cases harmon-mar_h --repeats 3)
+  COMPILE=(--cases nova,tiny --tokens 64 --steps 25 --rounds 5 --threads 0 --clock wall)
+  PROFILE=(--mask-steps 16 --record-mask-steps 3 --group-size 4 --paths fused)
   ROLLOUT=(--models harmon,nova --mask-steps 8 --warmup-mask-steps 2 --repeats 1)
   NOVA=(--mask-steps 16 --record-mask-steps 3 --warmup-mask-steps 4)
   HARMON=(--mask-steps 16 --record-mask-steps 3 --warmup-mask-steps 4)
@@ -244,6 +260,10 @@ for i in "${!UNITS[@]}"; do
       --json "$OUT/denoise.json" ;;
     rollout) run_limited rollout "$limit" $PY -m margrpo.bench.rollout --device "$DEV" "${ROLLOUT[@]}" \
       --json "$OUT/rollout.json" ;;
+    compile) run_limited compile "$limit" $PY -m margrpo.bench.head_compile --device "$DEV" "${COMPILE[@]}" \
+      --json "$OUT/compile.json" ;;
+    profile) run_limited profile "$limit" $PY -m margrpo.bench.nova_profile --device "$DEV" "${PROFILE[@]}" \
+      --json "$OUT/profile.json" ;;
     rewards) run_limited rewards "$limit" $PY -m margrpo.bench.rewards "${REWARDS[@]}" --json "$OUT/rewards.json" ;;
   esac
 done

@@ -99,6 +99,7 @@ def multi_seed_denoise(
     temperature: float = 1.0,
     noise=None,
     backend: str | None = None,
+    cuda_graph: bool = False,
 ) -> MultiSeedSamples:
     """Sample the main chain and `num_seeds` seed chains of N tokens in one batched pass (no grad).
 
@@ -113,6 +114,9 @@ def multi_seed_denoise(
         temperature: multiplies the sampler's std.
         noise: a [T+1, K+1, N, C] tensor (see margrpo.heads.noise), a CounterNoise, or None.
         backend: None (global margrpo.ops selection), "torch" or "triton" for the fused primitives.
+        cuda_graph: replay the T-step loop from a captured CUDA graph when nothing is recorded
+            (`rollout.cuda_graph`; margrpo.heads.cuda_graph.graphed_denoise): CUDA tensors only, an
+            error naming that key otherwise; calls that record transitions run uncaptured.
     """
     if isinstance(num_seeds, bool) or not isinstance(num_seeds, int) or num_seeds < 0:
         raise ValueError(f"num_seeds: got {num_seeds!r}, expected an int >= 0")
@@ -122,6 +126,12 @@ def multi_seed_denoise(
     num_steps = sampler.num_steps
     steps = _check_steps(record_steps, num_steps)
     _check_channels(head, sampler)
+    if cuda_graph:
+        from .cuda_graph import graphed_denoise
+
+        graphed = graphed_denoise(head, z, sampler, num_seeds, cfg, steps, temperature, noise, generator, backend)
+        if graphed is not None:
+            return graphed
     tokens, channels = rows.shape[-2], head.in_channels
     eps = resolve_noise(noise, generator, (num_steps + 1, num_seeds + 1, tokens, channels), _acc_dtype(z), z.device)
 

@@ -6,6 +6,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
+import torch
+
 from margrpo.config import Rule, check_rules, finite
 
 from .schedule import SCHEDULES
@@ -65,6 +67,9 @@ class RolloutConfig:
     # under its z) or "commit" (the reference code: drawn under each token's commit-time z, scored
     # under the recorded step's z; margrpo.rollout.commit_chains)
     seed_chains: Literal["step", "commit"] = "step"
+    # replay the head's T-step chain of each mask step that records nothing from a captured CUDA graph
+    # (margrpo.heads.cuda_graph: no per-kernel launch cost on the host; CUDA only)
+    cuda_graph: bool = False
 
     def __post_init__(self) -> None:
         check_rules(self, RULES)
@@ -150,5 +155,10 @@ RULES = (
         "seed_chains",
         lambda v, c: v == "step" or (v == "commit" and c.known_mask == "pre_step"),
         "'step', or 'commit' with known_mask 'pre_step'",
+    ),
+    Rule(
+        "cuda_graph",
+        lambda v, c: v is False or (v is True and torch.cuda.is_available()),
+        "false, or true on a machine with CUDA (CUDA graphs capture CUDA kernels; the rollout must run there too: run.device cuda)",
     ),
 )
