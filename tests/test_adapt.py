@@ -21,7 +21,7 @@ from margrpo.heads import (
     denoise_logprob,
     multi_seed_denoise,
 )
-from margrpo.heads.reference import eager_denoise_logprob, eager_multi_seed_denoise
+from margrpo.heads.upstream import eager_denoise_logprob, eager_multi_seed_denoise
 
 F64 = torch.float64
 T = 4

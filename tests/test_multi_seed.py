@@ -23,7 +23,7 @@ from margrpo.heads import (
     reinit_zero_layers_,
 )
 from margrpo.heads.noise import resolve_noise
-from margrpo.heads.reference import eager_denoise_logprob, eager_multi_seed_denoise
+from margrpo.heads.upstream import eager_denoise_logprob, eager_multi_seed_denoise
 
 F64 = torch.float64
 T = 4

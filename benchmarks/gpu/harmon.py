@@ -41,7 +41,7 @@ from margrpo.bench.machine import machine_description
 from margrpo.bench.timing import median_ms
 from margrpo.grpo import GRPOConfig, update
 from margrpo.heads import MultiSeedSamples
-from margrpo.heads.reference import eager_denoise_logprob, eager_multi_seed_denoise
+from margrpo.heads.upstream import eager_denoise_logprob, eager_multi_seed_denoise
 from margrpo.models import harmon
 from margrpo.rollout import RolloutConfig, choose_plan, effective_steps, generate, mask_schedule
 from margrpo.rollout.guidance import guidance_for, head_condition, prompt_rows

@@ -34,7 +34,7 @@ from margrpo.bench.machine import JsonReport, header, split_choices
 from margrpo.bench.timing import interleave
 from margrpo.diffusion import DDPMSampler, mar_sampler
 from margrpo.heads import Guidance, mar_head, multi_seed_denoise, nova_head
-from margrpo.heads.reference import eager_multi_seed_denoise
+from margrpo.heads.upstream import eager_multi_seed_denoise
 
 _STARTED = time.perf_counter()  # progress lines say when (the GPU script's limits)
 

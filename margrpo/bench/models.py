@@ -32,7 +32,7 @@ import torch
 from margrpo.bench.machine import machine_description
 from margrpo.bench.timing import median_ms, synchronize
 from margrpo.grpo.advantages import group_advantages
-from margrpo.heads.reference import eager_denoise_logprob, eager_multi_seed_denoise
+from margrpo.heads.upstream import eager_denoise_logprob, eager_multi_seed_denoise
 from margrpo.rollout import RolloutConfig, choose_plan, effective_steps, generate, mask_schedule
 from margrpo.rollout.guidance import guidance_for, head_condition, prompt_rows
 

@@ -46,7 +46,7 @@ from margrpo.bench import memory
 from margrpo.bench.denoise import CASES, build, make_sampler
 from margrpo.bench.machine import JsonReport, header, load_average, split_choices
 from margrpo.bench.timing import Timed, interleave
-from margrpo.heads.reference import eager_multi_seed_denoise
+from margrpo.heads.upstream import eager_multi_seed_denoise
 from margrpo.models.base import PromptBatch
 from margrpo.rollout import RolloutConfig, effective_steps, generate, group_seeds, mask_schedule
 from margrpo.rollout.guidance import forward_rows, guidance_for, head_condition, prompt_rows
@@ -134,7 +134,7 @@ def make_setup(model: str, device: torch.device, dtype: torch.dtype, tokens: int
 def per_seed_rollout(
     backbone, prompts: list[str], config: RolloutConfig, sampler, all_tokens: bool, generator: torch.Generator
 ) -> torch.Tensor:
-    """The rollout with one eager chain per trajectory (margrpo.heads.reference), over the revealed
+    """The rollout with one eager chain per trajectory (margrpo.heads.upstream), over the revealed
     tokens or over all N tokens of every image at every mask step. -> images."""
     B, N, C, K = len(prompts), backbone.num_tokens, backbone.token_channels, config.num_seeds
     device = next(backbone.parameters()).device
