@@ -267,6 +267,7 @@ def generate(
             record_steps=plan.diffusion_steps[j] if j is not None else (),
             temperature=config.temperature,
             noise=noise,
+            cuda_graph=config.cuda_graph,
         )
         x0 = out.x0.to(dtype).reshape(K + 1, B, P, C)
         committed = positions[:, :n]
