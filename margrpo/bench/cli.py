@@ -12,6 +12,9 @@ SUITES = {
     "rewards": "margrpo.bench.rewards",
     "step": "margrpo.bench.step",
     "host": "margrpo.bench.host",
+    "head-compile": "margrpo.bench.head_compile",
+    "nova-profile": "margrpo.bench.nova_profile",
+    "nova-flops": "margrpo.bench.nova_flops",
 }
 
 
