@@ -67,9 +67,11 @@ class CallCount:
 def count_calls(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, CallCount]:
     """(fn(*args, **kwargs), the distinct Python functions it called, fn itself included)."""
     codes = set()
+    recording = True
 
     def hook(frame, event, arg):
-        if event == "call":  # a generator's resumption is a call too; the set keeps one
+        # a thread started during the phase keeps this hook after it: `recording` stops its count
+        if recording and event == "call":  # a generator's resumption is a call too; the set keeps one
             codes.add(frame.f_code)
 
     previous = sys.getprofile()
@@ -78,6 +80,7 @@ def count_calls(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any,
     try:
         result = fn(*args, **kwargs)
     finally:
+        recording = False
         sys.setprofile(previous)
         threading.setprofile(None)  # None removes the hook
     # co_qualname (Class.method) is Python 3.11+; 3.10 has the bare name only
