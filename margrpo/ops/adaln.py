@@ -48,12 +48,14 @@ _GATE_RESIDUAL = FusedOp(
 )
 
 
-def _selection(backend: str | None, *tensors: torch.Tensor) -> str | None:
-    if backend is not None and backend not in _backend.CHOICES:  # checked even where grad mode skips the choice
+def _check(backend: str) -> None:
+    if backend not in _backend.CHOICES:  # checked even where grad mode skips the choice
         raise ValueError(f"backend: got {backend!r}, expected one of {', '.join(_backend.CHOICES)}")
-    # The Triton kernels address rows as [A, B, N]: more than two leading dims would make their row
-    # view copy a broadcast operand, so such calls take the oracle.
-    return "torch" if any(t.dim() > 4 for t in tensors) else backend
+
+
+# The Triton kernels address rows as [A, B, N]: more than two leading dims (a rank above 4) would
+# make their row view copy a broadcast operand, so such calls take the oracle.
+_DEEP = 4
 
 
 def ln_modulate(
@@ -72,7 +74,11 @@ def ln_modulate(
     weight, bias [W] or None. Returns [*broadcast(Lx, Lm), N, W] in x's dtype. backend: this call's
     selection (None: the global one of set_backend).
     """
-    return _LN_MODULATE(x.device, x, shift, scale, weight, bias, eps, backend=_selection(backend, x, shift, scale))
+    if backend is not None:
+        _check(backend)
+    if x.dim() > _DEEP or shift.dim() > _DEEP or scale.dim() > _DEEP:
+        backend = "torch"
+    return _LN_MODULATE(x.device, x, shift, scale, weight, bias, eps, backend=backend)
 
 
 def gate_residual(
@@ -91,4 +97,8 @@ def gate_residual(
     hidden state) is overwritten and returned when it already has the broadcast shape: callers must
     not read it afterwards.
     """
-    return _GATE_RESIDUAL(residual.device, residual, h, gate, weight, bias, eps, backend=_selection(backend, residual, h, gate))
+    if backend is not None:
+        _check(backend)
+    if residual.dim() > _DEEP or h.dim() > _DEEP or gate.dim() > _DEEP:
+        backend = "torch"
+    return _GATE_RESIDUAL(residual.device, residual, h, gate, weight, bias, eps, backend=backend)
