@@ -151,7 +151,7 @@ def test_update_rejects_bad_arguments_and_skips_non_finite_losses(tiny):
     optimizer = torch.optim.SGD(list(policy.trainable_parameters()), lr=0.1)
     with pytest.raises(ValueError, match=r"advantages: got shape \(3,\), expected \(4,\)"):
         update(policy, None, rollout, torch.zeros(3, dtype=F64), GRPOConfig(kl_beta=0.0), optimizer)
-    with pytest.raises(ValueError, match="reference: got None with grpo.kl_beta=0.01"):
+    with pytest.raises(ValueError, match="ref_policy: got None with grpo.kl_beta=0.01"):
         update(policy, None, rollout, torch.zeros(4, dtype=F64), GRPOConfig(), optimizer)
     nan = torch.tensor([1.0, float("nan"), 0.0, 0.0], dtype=F64)
     with pytest.raises(ValueError, match="advantages: got 1 non-finite values of 4"):

@@ -9,7 +9,7 @@ from typing import Literal, Optional
 
 @dataclass
 class LoRAConfig:
-    """LoRA adapters (peft) as the ONLY trainable parameters; the KL reference is then the policy with
+    """LoRA adapters (peft) as the ONLY trainable parameters; the KL's ref policy is then the policy with
     its adapters disabled (the base weights), so no second copy of the model is kept. rank 0: off."""
 
     rank: int = 0
@@ -55,7 +55,7 @@ class GRPOConfig:
     channel_reduction: Literal["sum", "mean"] = "sum"
     kl_beta: float = 0.01
     kl_type: Literal["gaussian", "k3_logp", "parity_mean_k3"] = "gaussian"
-    # every this many steps (skipped ones included) the KL reference becomes a copy of the policy; 0: never
+    # every this many steps (skipped ones included) the KL's ref policy becomes a copy of the policy; 0: never
     ref_refresh_every: int = 0
     head: Literal["frozen", "train", "low_lr"] = "frozen"
     head_lr_scale: float = 0.1  # for head: low_lr

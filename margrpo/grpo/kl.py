@@ -1,4 +1,4 @@
-"""KL penalties between the policy and a frozen reference, per recorded diffusion transition.
+"""KL penalties between the policy and a frozen ref policy, per recorded diffusion transition.
 
 With a fixed-variance sampler (fixed_small / fixed_large, flow SDE) both policies are Gaussians with
 the same std at a recorded step, so the exact KL is ||mu - mu_ref||^2 / (2 std^2) summed over

@@ -15,10 +15,10 @@ losing the signal (a Rao-Blackwellised multi-trajectory expectation); the seed c
 `transition` estimator are fresh samples of p(. | z) instead, whose score term has zero expectation.
 
 The policy term is the clipped GRPO surrogate with ratio exp(s_new - s_old) per token (advantage-
-weighted matching, AWM, in the per-token form); the KL to the reference is the KL between unit
+weighted matching, AWM, in the per-token form); the KL to the ref policy is the KL between unit
 Gaussians around the two predictions on the same draws, 1/2 mean_d sum_c (f - f_ref)^2. Under
 guidance f is the guided output, the policy that sampled. The draws are fixed per rollout (seeded by
-its seeds), so the old, new and reference scores see the same (t, e).
+its seeds), so the old, new and ref policy scores see the same (t, e).
 
 Layout: the estimator reads what every rollout records (tokens, order, reveal counts, the recorded
 mask steps); its values are [D, B, L_m(, C)] with L_m = sum_j n_j, the committed tokens of the
@@ -94,7 +94,7 @@ def _draw_seed(sample_seed: int) -> int:
 def draw_matching(rollout: Rollout, num_draws: int, time_range: tuple[float, float] = (0.0, 1.0)) -> MatchingDraws:
     """D = num_draws (time, noise) draws for every committed token of the rollout's recorded mask
     steps. Each image draws from its own CPU generator, seeded by its sample seed, so its draws do not
-    depend on what else shares the batch; the old, new and reference scores all read these."""
+    depend on what else shares the batch; the old, new and ref policy scores all read these."""
     if isinstance(num_draws, bool) or not isinstance(num_draws, int) or num_draws < 1:
         raise ValueError(f"num_draws: got {num_draws!r}, expected an integer >= 1")
     C, device, dtype = rollout.tokens.shape[-1], rollout.tokens.device, rollout.tokens.dtype
@@ -245,10 +245,10 @@ class MatchingUpdate:
     uncertain: torch.Tensor | None = None  # bool [B, L_m]: the tokens given more draws (MTE), else None
 
 
-def prepare_matching(policy, reference_context, rollout: Rollout, config, batches, samples, scoring) -> MatchingUpdate:
+def prepare_matching(policy, ref_context, rollout: Rollout, config, batches, samples, scoring) -> MatchingUpdate:
     """The draws, weights, old scores (when an optimizer step precedes some chunk's first evaluation:
-    several minibatches or epochs; scored in the policy's current mode, the rollout's) and reference
-    predictions (reference_context: yields the reference model, None without a KL term) of one update;
+    several minibatches or epochs; scored in the policy's current mode, the rollout's) and ref policy
+    predictions (ref_context: yields the ref policy, None without a KL term) of one update;
     leaves the policy in training mode. `scoring(model, rollout, draws, steps)` evaluates
     matching_values as the update does (autocast, guidance)."""
     uncertain_scored = None
@@ -288,10 +288,10 @@ def prepare_matching(policy, reference_context, rollout: Rollout, config, batche
                     part = rollout.select(images)
                     score = matching_score(scoring(policy, part, draws.select(images), steps), config.channel_reduction)
                     _put(old, images, committed_columns(rollout, steps), score)
-    policy.train()  # the update trains in training mode; the reference runs in the same mode
+    policy.train()  # the update trains in training mode; the ref policy runs in the same mode
     ref = None
-    if reference_context is not None:
-        with torch.no_grad(), reference_context as model:
+    if ref_context is not None:
+        with torch.no_grad(), ref_context as model:
             model.train(policy.training)
             ref = scoring(model, rollout, draws, None).prediction.detach()
     return MatchingUpdate(draws, weights, kl_weights, old, ref, uncertain_scored)

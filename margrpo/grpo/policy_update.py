@@ -1,12 +1,12 @@
 """update(): one GRPO update of a policy on a recorded rollout (margrpo.grpo.update).
 
     from margrpo.grpo import GRPOConfig, update
-    result = update(policy, reference, rollout, advantages, GRPOConfig(...), optimizer)
+    result = update(policy, ref_policy, rollout, advantages, GRPOConfig(...), optimizer)
 
 In order: the token selection (consistency-aware selection, uncertainty top-k for the multi-trajectory
 expectation), the token weights (normalised once over the batch), the old log-probs when the update
 scores under another guidance or other numerics than the rollout (`rescores_old`), the frozen
-reference's likelihood for the KL, then per epoch and optimizer minibatch: the loss of every
+ref policy's likelihood for the KL, then per epoch and optimizer minibatch: the loss of every
 micro-batch (images x recorded mask steps) recomputed with gradient under the policy, backward,
 gradient averaging over ranks, clipping and one optimizer step.
 
@@ -28,7 +28,7 @@ from margrpo.rollout import Rollout, RolloutChunk, rollout_logprob
 from margrpo.rollout.likelihood import RolloutLikelihood
 
 from .config import GRPOConfig
-from .frozen_head import honours_frozen_head
+from .frozen_head import head_frozen
 from .matching import matching_chunk_loss, matching_values, prepare_matching
 from .objective import chunk_loss, grouped_token_weights, position_logp
 from .selection import consistency_keep, mte_mask
@@ -116,12 +116,6 @@ def update_weights(rollout: Rollout, keep: torch.Tensor, config: GRPOConfig, bat
     return weights, kl_weights
 
 
-def positions_from_means(config: GRPOConfig) -> bool:
-    """Whether the policy term's log-probs are rebuilt from the likelihood's means (per latent pixel,
-    or with the recorded std) instead of taken from its per-token log-probs."""
-    return config.pixels_per_token > 1 or config.likelihood_std == "recorded_main"
-
-
 def loss_std(chunk: RolloutChunk, config: GRPOConfig) -> torch.Tensor:
     """[T, b, l, C]: the std of the policy term's Gaussians when rebuilt from the means: the recorded
     std of every trajectory (the policy's for fixed variance), or trajectory 0's for all
@@ -200,10 +194,12 @@ def _chunk_loss(policy, chunk: RolloutChunk, advantages, weights, mte, kl_weight
     lik = likelihood(policy, chunk.rollout, config, steps=chunk.steps, bf16=bf16)
     # one std for every Gaussian of the loss (the reference code has no Gaussian KL to copy): the old
     # log-probs (the first update's ratio is then 1), the gaussian KL (the policy term's Gaussians)
-    # and, under recorded_main, k3's reference log-probs (the reference model's own std, e.g. the
-    # post-step one, is not the constant: k3 would not be 0 where the policy is the reference)
+    # and, under recorded_main, k3's ref log-probs (the ref policy's own std, e.g. the post-step
+    # one, is not the constant: k3 would not be 0 where the policy is the ref policy)
     std, ref_logp = loss_std(chunk, config), chunk.ref_logp
-    if positions_from_means(config):
+    # per latent pixel, or with the recorded std: the policy term's log-probs are rebuilt from the
+    # likelihood's means instead of taken from its per-token log-probs
+    if config.pixels_per_token > 1 or config.likelihood_std == "recorded_main":
         x_prev, P = chunk.take(chunk.source.x_prev), config.pixels_per_token
         logp = position_logp(x_prev, lik.mean.to(x_prev.dtype), std, P)
         old = position_logp(x_prev, chunk.old_mean, std, P)
@@ -236,9 +232,9 @@ def _chunk_loss(policy, chunk: RolloutChunk, advantages, weights, mte, kl_weight
     )
 
 
-def _transition_losses(policy, reference_context, rollout: Rollout, advantages, config: GRPOConfig, batches, samples, bf16: bool):
+def _transition_losses(policy, ref_context, rollout: Rollout, advantages, config: GRPOConfig, batches, samples, bf16: bool):
     """(loss of a chunk, selected fraction, MTE mask or None) of the transition estimator: token
-    selection and weights, rescored old log-probs when needed, the reference's likelihood for the KL."""
+    selection and weights, rescored old log-probs when needed, the ref policy's likelihood for the KL."""
     keep, mte = token_selection(rollout, config)
     if samples is not None:
         keep = keep & samples.to(keep.device)[:, None, None]
@@ -246,8 +242,8 @@ def _transition_losses(policy, reference_context, rollout: Rollout, advantages, 
     if rescores_old(policy, rollout, config, bf16):
         rollout = old_values(policy, rollout, config, batches, bf16)
     policy.train()
-    if reference_context is not None:
-        with torch.no_grad(), reference_context as model:
+    if ref_context is not None:
+        with torch.no_grad(), ref_context as model:
             model.train(policy.training)  # the same forward mode as the policy's likelihood
             ref = likelihood(model, rollout, config, bf16=bf16)
         rollout = rollout.with_update_values(ref_logp=ref.logp, ref_mean=ref.mean)
@@ -258,16 +254,16 @@ def _transition_losses(policy, reference_context, rollout: Rollout, advantages, 
     return loss_of, keep.float().mean().item(), mte
 
 
-def _matching_losses(policy, reference_context, rollout: Rollout, advantages, config: GRPOConfig, batches, samples, bf16: bool):
+def _matching_losses(policy, ref_context, rollout: Rollout, advantages, config: GRPOConfig, batches, samples, bf16: bool):
     """The same for the matching estimator (margrpo.grpo.matching): draws, weights, old scores when an
-    optimizer step precedes a chunk's first evaluation, the reference's predictions for the KL."""
+    optimizer step precedes a chunk's first evaluation, the ref policy's predictions for the KL."""
     device = rollout.tokens.device
 
     def scoring(model, part, draws, steps):
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             return matching_values(model, part, draws, cfg=config.likelihood_cfg, steps=steps)
 
-    prepared = prepare_matching(policy, reference_context, rollout, config, batches, samples, scoring)
+    prepared = prepare_matching(policy, ref_context, rollout, config, batches, samples, scoring)
 
     def loss_of(images, steps):
         return matching_chunk_loss(policy, rollout, prepared, advantages, images, steps, config, scoring)
@@ -275,10 +271,9 @@ def _matching_losses(policy, reference_context, rollout: Rollout, advantages, co
     return loss_of, prepared.weights.gt(0).float().mean().item(), prepared.uncertain
 
 
-@honours_frozen_head  # grpo.head: frozen holds whatever the caller set on the head
 def update(
     policy,
-    reference,
+    ref_policy,
     rollout: Rollout,
     advantages: torch.Tensor,
     config: GRPOConfig,
@@ -292,10 +287,11 @@ def update(
     """One GRPO update of `policy` (a MARBackbone whose trainable parameters `optimizer` steps) on
     `rollout` (margrpo.rollout.generate, by the policy in the mode it is in now) with advantages [B].
 
-    reference: the frozen reference policy of the KL term (a module), a context manager that yields
-    it (e.g. the policy with its LoRA adapters disabled), or None when config.kl_beta is 0. Old
+    ref_policy: the frozen ref policy of the KL term (a module), a context manager that yields it
+    (e.g. the policy with its LoRA adapters disabled), or None when config.kl_beta is 0. Old
     log-probs that need recomputing (`rescores_old`) are scored in the policy's current mode (the
-    rollout's); the policy then trains in training mode, and a reference module runs in the same mode.
+    rollout's); the policy then trains in training mode, and a ref policy module runs in the same mode.
+    With config.head "frozen" the head takes no gradient during the call, whatever its flags.
     grad_clip: max gradient norm per optimizer step; bf16: autocast the likelihood forwards.
     samples: bool [B], the images whose transitions enter the policy term and its token-weight
     normaliser (None: all; grpo.drop_zero_variance leaves out groups of identical rewards).
@@ -310,10 +306,8 @@ def update(
         raise ValueError(
             f"advantages: got {bad} non-finite values of {B}, expected finite numbers (a NaN reward, or advantages of a group of one?)"
         )
-    if config.kl_beta > 0 and reference is None:
-        raise ValueError(
-            f"reference: got None with grpo.kl_beta={config.kl_beta}, expected the frozen reference policy (or set kl_beta to 0)"
-        )
+    if config.kl_beta > 0 and ref_policy is None:
+        raise ValueError(f"ref_policy: got None with grpo.kl_beta={config.kl_beta}, expected the frozen ref policy (or set kl_beta to 0)")
     if (
         config.pixels_per_token > 1
         and config.likelihood_std == "policy"
@@ -329,34 +323,34 @@ def update(
     batches = minibatches(rollout, config)
     context = None
     if config.kl_beta > 0:
-        context = contextlib.nullcontext(reference) if isinstance(reference, torch.nn.Module) else reference
-    if config.estimator == "matching":
-        loss_of, selected, mte = _matching_losses(policy, context, rollout, advantages, config, batches, samples, bf16)
-    else:
-        loss_of, selected, mte = _transition_losses(policy, context, rollout, advantages, config, batches, samples, bf16)
-
+        context = contextlib.nullcontext(ref_policy) if isinstance(ref_policy, torch.nn.Module) else ref_policy
     sums = dict.fromkeys(STATS, 0.0)
     ratio_max, grad_norms = 1.0, []
-    for _ in range(config.inner_epochs):
-        for minibatch in batches:
-            optimizer.zero_grad(set_to_none=True)
-            for images, steps in minibatch:  # micro-batches accumulate into one optimizer step
-                out = loss_of(images, steps)
-                if not collectives.all_ranks(torch.isfinite(out.loss)):
-                    optimizer.zero_grad(set_to_none=True)
-                    return UpdateResult(skipped="loss")
-                out.loss.backward()
-                for key in STATS:
-                    sums[key] += float(getattr(out, key).detach())
-                ratio_max = max(ratio_max, float(out.ratio_max))
-            collectives.reduce_gradients(policy)
-            params = [p for p in policy.parameters() if p.grad is not None]
-            norm = collectives.clip_grad_norm(params, grad_clip) if params else torch.zeros(())
-            if not torch.isfinite(norm):
+    with head_frozen(policy, config):  # grpo.head: frozen holds whatever the caller set on the head
+        if config.estimator == "matching":
+            loss_of, selected, mte = _matching_losses(policy, context, rollout, advantages, config, batches, samples, bf16)
+        else:
+            loss_of, selected, mte = _transition_losses(policy, context, rollout, advantages, config, batches, samples, bf16)
+        for _ in range(config.inner_epochs):
+            for minibatch in batches:
                 optimizer.zero_grad(set_to_none=True)
-                return UpdateResult(skipped="gradient")
-            optimizer.step()
-            grad_norms.append(norm.item())
+                for images, steps in minibatch:  # micro-batches accumulate into one optimizer step
+                    out = loss_of(images, steps)
+                    if not collectives.all_ranks(torch.isfinite(out.loss)):
+                        optimizer.zero_grad(set_to_none=True)
+                        return UpdateResult(skipped="loss")
+                    out.loss.backward()
+                    for key in STATS:
+                        sums[key] += float(getattr(out, key).detach())
+                    ratio_max = max(ratio_max, float(out.ratio_max))
+                collectives.reduce_gradients(policy)
+                params = [p for p in policy.parameters() if p.grad is not None]
+                norm = collectives.clip_grad_norm(params, grad_clip) if params else torch.zeros(())
+                if not torch.isfinite(norm):
+                    optimizer.zero_grad(set_to_none=True)
+                    return UpdateResult(skipped="gradient")
+                optimizer.step()
+                grad_norms.append(norm.item())
     metrics = {key: collectives.mean(value / config.inner_epochs) for key, value in sums.items()}
     metrics.update(
         {

@@ -99,14 +99,6 @@ def _check_mirror(mirror: Sequence[int], shared_seeds: Sequence[int] | None, B: 
             )
 
 
-def _device_and_dtype(backbone) -> tuple[torch.device, torch.dtype]:
-    """Where the rollout lives, and its float dtype: float64 for a float64 backbone (exact tests),
-    else float32 (the head's accumulation dtype; a bf16 backbone still records fp32)."""
-    for tensor in backbone.parameters():
-        return tensor.device, torch.float64 if tensor.dtype == torch.float64 else torch.float32
-    return torch.device("cpu"), torch.float32
-
-
 def _draw_randomness(seeds, N: int, diff_steps: int, trajectories: int, C: int, device, dtype):
     """Per image, from its own generator: the order [N], then the noise bank [N, T_diff + 1, K+1, C]
     (the head's noise layout: index 0 the initial x_T, index i + 1 the noise of diffusion step i)."""
@@ -186,10 +178,7 @@ def generate(
         _check_mirror(mirror, shared_seeds, len(prompts))
     if sampler is None:
         sampler = backbone.make_sampler(config.num_diffusion_steps)
-    B, N, C = len(prompts), backbone.num_tokens, backbone.token_channels
-    K, diff_steps = config.num_seeds, sampler.num_steps
-    device, dtype = _device_and_dtype(backbone)
-    counts = mask_schedule(N, config.num_mask_steps, config.schedule)
+    counts = mask_schedule(backbone.num_tokens, config.num_mask_steps, config.schedule)
     if plan is None:
         plan_rng = torch.Generator().manual_seed(plan_seed(seeds))
         plan = choose_plan(
@@ -202,128 +191,177 @@ def generate(
             diffusion_range=config.record_diffusion_range,
         )
     _check_plan(plan, counts, sampler, config)
+    generation = _Generation(backbone, prompts, config, seeds, sampler, plan, counts, shared_seeds, mirror)
+    for step in effective_steps(counts):
+        generation.mask_step(step)
+    return generation.finish()
 
-    order, noise_bank = _draw_randomness(seeds, N, diff_steps, K + 1, C, device, dtype)
-    unknown_mode = config.likelihood_positions == "unknown"
-    if shared_seeds is not None:
-        order, shared_bank = _draw_randomness(shared_seeds, N, diff_steps, 1, C, device, dtype)
-        own = _recorded_noise(order, counts, plan, unknown_mode, diff_steps)[..., None]
-        noise_bank[:, :, :, 0] = torch.where(own, noise_bank[:, :, :, 0], shared_bank[:, :, :, 0])
-        if mirror is not None:
-            partner = torch.as_tensor(list(mirror), dtype=torch.long, device=device)
-            mirrored = (partner >= 0)[:, None, None, None] & own
-            noise_bank[:, :, :, 0] = torch.where(mirrored, -noise_bank[partner.clamp(min=0), :, :, 0], noise_bank[:, :, :, 0])
-    cond = prompt_rows(backbone, list(prompts), config)
-    steps = effective_steps(counts)
-    recorded_index = {step: j for j, step in enumerate(plan.mask_steps)}
-    post_step = config.known_mask == "post_step"
-    # in "unknown" mode the step before a recorded one also denoises every unknown position, for
-    # the consistency test's previous prediction
-    needs_prev = {steps[k - 1] for k in range(1, len(steps)) if steps[k] in recorded_index} if unknown_mode else set()
 
-    canvas = torch.zeros(B, N, C, device=device, dtype=dtype)
-    known = torch.zeros(B, N, dtype=torch.bool, device=device)
-    seed_tokens = torch.zeros(K, B, N, C, device=device, dtype=dtype)
-    M = plan.num_mask_steps
-    records: list[dict[str, torch.Tensor]] = [{} for _ in range(M)]
-    cfg_scales = [0.0] * M
-    predictions: list = [None] * M  # "unknown" mode: pred_clean and pred_clean_prev per recorded step
-    previous_predictions: list = [None] * M
-    last_prediction = None
-    commit_chains = CommitChains() if config.seed_chains == "commit" and K > 0 and plan.num_mask_steps else None
-    pending = None  # post-step mode: (j, positions, x_t and x_prev) of a recorded step, to score here
+class _Generation:
+    """One generate() call: its randomness and prompt rows (set up here), the canvas that its mask
+    steps fill in (`mask_step`), what the recorded steps keep (`_record`), and the Rollout (`finish`)."""
 
-    start = 0
-    for step in steps:
-        n, j = counts[step], recorded_index.get(step)
-        all_unknown = unknown_mode and (j is not None or step in needs_prev)
-        positions = order[:, start:] if all_unknown else order[:, start : start + n]  # committed ones first
+    def __init__(self, backbone, prompts, config: RolloutConfig, seeds, sampler, plan: RecordPlan, counts, shared_seeds, mirror):
+        self.backbone, self.prompts, self.config, self.seeds = backbone, list(prompts), config, seeds
+        self.sampler, self.plan, self.counts = sampler, plan, counts
+        B, N, C = len(prompts), backbone.num_tokens, backbone.token_channels
+        K, diff_steps = config.num_seeds, sampler.num_steps
+        # float64 for a float64 backbone (exact tests), else float32 (the head's accumulation dtype;
+        # a bf16 backbone still records fp32)
+        first = next(backbone.parameters(), None)
+        device = torch.device("cpu") if first is None else first.device
+        dtype = torch.float64 if first is not None and first.dtype == torch.float64 else torch.float32
+        self.device, self.dtype = device, dtype
+
+        self.order, self.noise_bank = _draw_randomness(seeds, N, diff_steps, K + 1, C, device, dtype)
+        self.unknown_mode = config.likelihood_positions == "unknown"
+        if shared_seeds is not None:
+            self.order, shared_bank = _draw_randomness(shared_seeds, N, diff_steps, 1, C, device, dtype)
+            own = _recorded_noise(self.order, counts, plan, self.unknown_mode, diff_steps)[..., None]
+            bank = self.noise_bank
+            bank[:, :, :, 0] = torch.where(own, bank[:, :, :, 0], shared_bank[:, :, :, 0])
+            if mirror is not None:
+                partner = torch.as_tensor(list(mirror), dtype=torch.long, device=device)
+                mirrored = (partner >= 0)[:, None, None, None] & own
+                bank[:, :, :, 0] = torch.where(mirrored, -bank[partner.clamp(min=0), :, :, 0], bank[:, :, :, 0])
+        self.cond = prompt_rows(backbone, self.prompts, config)
+        steps = effective_steps(counts)
+        self.recorded_index = {step: j for j, step in enumerate(plan.mask_steps)}
+        self.post_step = config.known_mask == "post_step"
+        # in "unknown" mode the step before a recorded one also denoises every unknown position, for
+        # the consistency test's previous prediction
+        self.needs_prev = {steps[k - 1] for k in range(1, len(steps)) if steps[k] in self.recorded_index} if self.unknown_mode else set()
+
+        self.canvas = torch.zeros(B, N, C, device=device, dtype=dtype)
+        self.known = torch.zeros(B, N, dtype=torch.bool, device=device)
+        self.seed_tokens = torch.zeros(K, B, N, C, device=device, dtype=dtype)
+        M = plan.num_mask_steps
+        self.records: list[dict[str, torch.Tensor]] = [{} for _ in range(M)]
+        self.cfg_scales = [0.0] * M
+        self.predictions: list = [None] * M  # "unknown" mode: pred_clean and pred_clean_prev per recorded step
+        self.previous_predictions: list = [None] * M
+        self.last_prediction = None
+        self.commit_chains = CommitChains() if config.seed_chains == "commit" and K > 0 and M else None
+        self.pending = None  # post-step mode: (j, positions, x_t and x_prev) of a recorded step, to score here
+        self.start = 0  # tokens known before the current mask step
+
+    def mask_step(self, step: int) -> None:
+        """Reveal the tokens of mask step `step`: the backbone's z for the canvas, the head's K + 1
+        trajectories for the step's positions (committed ones first), trajectory 0 into the canvas."""
+        config, backbone, canvas, start = self.config, self.backbone, self.canvas, self.start
+        B, N, C = canvas.shape
+        K = config.num_seeds
+        n, j = self.counts[step], self.recorded_index.get(step)
+        all_unknown = self.unknown_mode and (j is not None or step in self.needs_prev)
+        positions = self.order[:, start:] if all_unknown else self.order[:, start : start + n]  # committed ones first
         P = positions.shape[1]
-        z = forward_rows(backbone, cond, canvas, known, start)
-        if pending is not None:  # this forward saw the previous recorded step's post-step canvas
-            j_prev, later, drawn = pending
-            scored = score_transitions(
-                backbone.head,
-                head_condition(z, cond, later),
-                sampler,
-                plan.diffusion_steps[j_prev],
-                drawn["x_t"],
-                drawn["x_prev"],
-                guidance_for(config, cfg_scales[j_prev]),
-                config.temperature,
-            )
-            records[j_prev].update(
-                {name: head_to_rollout(value, B, later.shape[1]) for name, value in zip(("logp", "mean", "std"), scored)}
-            )
-            pending = None
-        noise = _gather_rows(noise_bank, positions).reshape(B * P, diff_steps + 1, K + 1, C).permute(1, 2, 0, 3)
+        z = forward_rows(backbone, self.cond, canvas, self.known, start)
+        if self.pending is not None:  # this forward saw the previous recorded step's post-step canvas
+            self._score_pending(z)
+        noise = _gather_rows(self.noise_bank, positions).reshape(B * P, -1, K + 1, C).permute(1, 2, 0, 3)
         scale = config.cfg_scale_at(start + n, N)
         out = multi_seed_denoise(
             backbone.head,
-            head_condition(z, cond, positions),
-            sampler,
+            head_condition(z, self.cond, positions),
+            self.sampler,
             num_seeds=K,
             cfg=guidance_for(config, scale),
-            record_steps=plan.diffusion_steps[j] if j is not None else (),
+            record_steps=self.plan.diffusion_steps[j] if j is not None else (),
             temperature=config.temperature,
             noise=noise,
             cuda_graph=config.cuda_graph,
         )
-        x0 = out.x0.to(dtype).reshape(K + 1, B, P, C)
+        x0 = out.x0.to(self.dtype).reshape(K + 1, B, P, C)
         committed = positions[:, :n]
-        if commit_chains is not None:
-            commit_chains.remember_commit(z, committed)
+        if self.commit_chains is not None:
+            self.commit_chains.remember_commit(z, committed)
             if j is not None:
-                commit_chains.remember_step(j, positions, head_condition(z, cond, positions))
+                self.commit_chains.remember_step(j, positions, head_condition(z, self.cond, positions))
         canvas.scatter_(1, committed[..., None].expand(-1, -1, C), x0[0, :, :n])
-        known.scatter_(1, committed, True)
-        seed_tokens.scatter_(2, committed[None, :, :, None].expand(K, -1, -1, C), x0[1:, :, :n])
+        self.known.scatter_(1, committed, True)
+        self.seed_tokens.scatter_(2, committed[None, :, :, None].expand(K, -1, -1, C), x0[1:, :, :n])
         prediction = None
         if all_unknown:  # committed tokens where known, the head's sample (trajectory 0) elsewhere
             prediction = canvas.clone().scatter_(1, positions[..., None].expand(-1, -1, C), x0[0])
         if j is not None:
-            cfg_scales[j] = scale
-            drawn = {name: getattr(out, name).to(dtype) for name in RECORDED}
-            kept = positions
-            if post_step:  # only the positions still unknown after the step; scored at the next step
-                drawn, kept = {name: drop_committed(v, B, n) for name, v in drawn.items()}, positions[:, n:]
-                # scoring replaces std; keep the one trajectory 0 was drawn with (likelihood_std recorded_main)
-                drawn["sampled_std"] = drawn["std"][:, :1]
-                pending = (j, kept, drawn) if kept.shape[1] else None  # the final step keeps none
-            records[j] = {name: head_to_rollout(value, B, kept.shape[1]) for name, value in drawn.items()}
-            if unknown_mode:
-                predictions[j] = prediction
-                previous_predictions[j] = torch.zeros_like(canvas) if last_prediction is None else last_prediction
-        last_prediction = prediction
-        start += n
+            self._record(j, out, positions, n, scale, prediction)
+        self.last_prediction = prediction
+        self.start += n
 
-    if commit_chains is not None:  # the reference's seed chains: drawn under each token's commit-time z
-        commit_chains.resample(
-            records, backbone, cond, sampler, noise_bank, plan, lambda j: guidance_for(config, cfg_scales[j]), config.temperature, K
+    def _record(self, j: int, out, positions: torch.Tensor, n: int, scale: float, prediction) -> None:
+        """Keep recorded mask step j's transitions (in the rollout layout) and predictions."""
+        B = positions.shape[0]
+        self.cfg_scales[j] = scale
+        drawn = {name: getattr(out, name).to(self.dtype) for name in RECORDED}
+        kept = positions
+        if self.post_step:  # only the positions still unknown after the step; scored at the next step
+            drawn, kept = {name: drop_committed(v, B, n) for name, v in drawn.items()}, positions[:, n:]
+            # scoring replaces std; keep the one trajectory 0 was drawn with (likelihood_std recorded_main)
+            drawn["sampled_std"] = drawn["std"][:, :1]
+            self.pending = (j, kept, drawn) if kept.shape[1] else None  # the final step keeps none
+        self.records[j] = {name: head_to_rollout(value, B, kept.shape[1]) for name, value in drawn.items()}
+        if self.unknown_mode:
+            self.predictions[j] = prediction
+            self.previous_predictions[j] = torch.zeros_like(self.canvas) if self.last_prediction is None else self.last_prediction
+
+    def _score_pending(self, z: torch.Tensor) -> None:
+        """Post-step known mask: score the previous recorded step's kept transitions under this step's
+        z, which saw that step's post-step canvas (margrpo.rollout.post_step)."""
+        j, later, drawn = self.pending
+        scored = score_transitions(
+            self.backbone.head,
+            head_condition(z, self.cond, later),
+            self.sampler,
+            self.plan.diffusion_steps[j],
+            drawn["x_t"],
+            drawn["x_prev"],
+            guidance_for(self.config, self.cfg_scales[j]),
+            self.config.temperature,
         )
+        B = later.shape[0]
+        self.records[j].update({name: head_to_rollout(value, B, later.shape[1]) for name, value in zip(("logp", "mean", "std"), scored)})
+        self.pending = None
 
-    def cat(name: str, tail: tuple[int, ...], trajectories: int = K + 1) -> torch.Tensor:
-        parts = [r[name] for r in records]
-        return torch.cat(parts, 2) if parts else torch.zeros(trajectories, B, 0, *tail, device=device, dtype=dtype)
+    def finish(self) -> Rollout:
+        """The Rollout: the final canvas decoded, the recorded steps concatenated along L."""
+        config, canvas, records = self.config, self.canvas, self.records
+        B, _, C = canvas.shape
+        K = config.num_seeds
+        if self.commit_chains is not None:  # the ref policy's seed chains: drawn under each token's commit-time z
+            self.commit_chains.resample(
+                records,
+                self.backbone,
+                self.cond,
+                self.sampler,
+                self.noise_bank,
+                self.plan,
+                lambda j: guidance_for(config, self.cfg_scales[j]),
+                config.temperature,
+                K,
+            )
 
-    return Rollout(
-        prompts=list(prompts),
-        seeds=torch.tensor(list(seeds), dtype=torch.long, device=device),
-        order=order,
-        tokens=canvas,
-        seed_tokens=seed_tokens,
-        images=backbone.decode(canvas).to(dtype),
-        x_t=cat("x_t", (C,)),
-        x_prev=cat("x_prev", (C,)),
-        mean=cat("mean", (C,)),
-        std=cat("std", (C,)),
-        logp=cat("logp", ()),
-        pred_clean=_stack_steps(predictions, canvas) if unknown_mode else None,
-        pred_clean_prev=_stack_steps(previous_predictions, canvas) if unknown_mode else None,
-        reveal_counts=tuple(counts),
-        plan=plan,
-        cfg_scales=tuple(cfg_scales),
-        config=config,
-        sampler=sampler,
-        sampled_std=cat("sampled_std", (C,), trajectories=1) if post_step else None,
-    )
+        def cat(name: str, tail: tuple[int, ...], trajectories: int = K + 1) -> torch.Tensor:
+            parts = [r[name] for r in records]
+            return torch.cat(parts, 2) if parts else torch.zeros(trajectories, B, 0, *tail, device=self.device, dtype=self.dtype)
+
+        return Rollout(
+            prompts=self.prompts,
+            seeds=torch.tensor(list(self.seeds), dtype=torch.long, device=self.device),
+            order=self.order,
+            tokens=canvas,
+            seed_tokens=self.seed_tokens,
+            images=self.backbone.decode(canvas).to(self.dtype),
+            x_t=cat("x_t", (C,)),
+            x_prev=cat("x_prev", (C,)),
+            mean=cat("mean", (C,)),
+            std=cat("std", (C,)),
+            logp=cat("logp", ()),
+            pred_clean=_stack_steps(self.predictions, canvas) if self.unknown_mode else None,
+            pred_clean_prev=_stack_steps(self.previous_predictions, canvas) if self.unknown_mode else None,
+            reveal_counts=tuple(self.counts),
+            plan=self.plan,
+            cfg_scales=tuple(self.cfg_scales),
+            config=config,
+            sampler=self.sampler,
+            sampled_std=cat("sampled_std", (C,), trajectories=1) if self.post_step else None,
+        )

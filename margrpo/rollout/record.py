@@ -177,11 +177,6 @@ class Rollout:
             return self.step_revealed(j)
         return self.num_tokens - self.known_count(j)
 
-    def step_committed_count(self, j: int) -> int:
-        """How many of step j's likelihood positions (the first ones) were committed at that step:
-        n_j, or 0 with the post-step known mask (they are known there)."""
-        return 0 if self.config.known_mask == "post_step" else self.step_revealed(j)
-
     def effective_index(self, j: int) -> int:
         """The position of recorded mask step j among the schedule's effective (revealing) steps."""
         return sum(1 for n in self.reveal_counts[: self.plan.mask_steps[j]] if n > 0)
@@ -236,7 +231,9 @@ class Rollout:
         "revealed" mode, all False with the post-step known mask)."""
         parts = []
         for j in range(self.plan.num_mask_steps):
-            slot = torch.arange(self.step_positions_count(j), device=self.order.device) < self.step_committed_count(j)
+            # the first n_j of step j's positions were committed at it (none with the post-step known mask)
+            committed = 0 if self.config.known_mask == "post_step" else self.step_revealed(j)
+            slot = torch.arange(self.step_positions_count(j), device=self.order.device) < committed
             parts.append(slot.repeat(self.plan.num_diffusion_steps))
         return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.bool, device=self.order.device)
 
