@@ -25,17 +25,23 @@ def _limits() -> dict[str, int]:
 
 def test_phases_fit_a_15_minute_machine():
     """Every phase under 4 minutes; the one documented command runs every phase, and its outer timeout
-    covers the limits' sum (the budget run.sh keeps to) within 400 s."""
+    covers the limits' sum (the budget run.sh keeps to) within 480 s, under the 600 s a command may
+    run; the short command for the owed issue-26 figures fits 240 s, leaving a 15-minute lease room to
+    rerun it."""
     limits = _limits()
     text = (ROOT / "benchmarks" / "gpu" / "run.sh").read_text()
-    assert set(limits) == {"setup", "kernels", "ops", "denoise", "rollout", "step", "rewards"}
+    assert set(limits) == {"setup", "kernels", "ops", "denoise", "compile", "profile", "rollout", "step", "rewards"}
     assert all(seconds < 240 for seconds in limits.values()), limits
     commands = re.findall(r"#   timeout -k 5 (\d+) bash benchmarks/gpu/run.sh OUT (.*?)\n", text)
     assert len(commands) == 1, commands
     outer, phases = int(commands[0][0]), commands[0][1].split()
     assert sorted(phases) == sorted(limits) and phases[:2] == ["setup", "kernels"]
-    assert sum(limits.values()) + 5 <= outer <= 400, (sum(limits.values()), outer)
+    assert sum(limits.values()) + 5 <= outer <= 480, (sum(limits.values()), outer)
     assert f"BUDGET = {sum(limits.values())} s" in text
+    short = re.search(r"lease: timeout -k 5 (\d+) bash benchmarks/gpu/run.sh OUT (.*?)\n", text)
+    short_phases = short.group(2).split()
+    assert short_phases[0] == "setup" and set(short_phases) <= set(limits)
+    assert sum(limits[p] for p in short_phases) + 5 <= int(short.group(1)) <= 240
     nova_share = int(re.search(r"NOVA_SHARE=(\d+)", text).group(1))
     assert 0 < nova_share < limits["step"]
 
