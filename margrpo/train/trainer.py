@@ -451,6 +451,7 @@ RESUME_OVERRIDES = (
     "run.resume",
     "run.eval_ema",
     "run.flat_reward_warn_steps",
+    "rollout.cuda_graph",  # how the head runs, not what it computes
     "pretrain",
 )
 GLOBAL_BATCH = "grpo.prompts_per_step"  # per rank: a resume compares it times the world size
