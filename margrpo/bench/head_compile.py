@@ -5,7 +5,7 @@ Two parts, per case (a head size, K seed trajectories, CFG, T diffusion steps, N
 
   explain  torch._dynamo.explain of the whole T-step loop: the fused path (multi_seed_denoise: the
            run_chains loop, sampler steps, the margrpo custom ops) and the eager reference loop
-           (margrpo.heads.reference.eager_multi_seed_denoise): graphs, graph breaks and their reasons
+           (margrpo.heads.upstream.eager_multi_seed_denoise): graphs, graph breaks and their reasons
   time     four methods, interleaved round by round in a shuffled order (margrpo.bench.timing):
              eager          the reference loop: one chain per trajectory, the official head forward
                             per (trajectory, step), modulation recomputed inside every call
@@ -83,7 +83,7 @@ def build_case(name: str, tokens: int, steps: int, device: torch.device) -> Setu
 def method_table(s: Setup, names: tuple[str, ...]) -> dict[str, Callable[[], torch.Tensor]]:
     """name -> a zero-argument callable returning x0 [K+1, N, C]."""
     from margrpo.heads import multi_seed_denoise
-    from margrpo.heads.reference import eager_multi_seed_denoise
+    from margrpo.heads.upstream import eager_multi_seed_denoise
 
     def eager(z, noise):
         return eager_multi_seed_denoise(s.head, z, s.sampler, s.num_seeds, noise, cfg=s.cfg, record_steps=s.record).x0
@@ -102,7 +102,7 @@ def method_table(s: Setup, names: tuple[str, ...]) -> dict[str, Callable[[], tor
 def explain(s: Setup) -> dict[str, dict]:
     """Graphs, graph breaks and their reasons (counted) of the fused and the eager reference loop."""
     from margrpo.heads import multi_seed_denoise
-    from margrpo.heads.reference import eager_multi_seed_denoise
+    from margrpo.heads.upstream import eager_multi_seed_denoise
 
     loops = {
         "fused": lambda z, noise: multi_seed_denoise(s.head, z, s.sampler, s.num_seeds, cfg=s.cfg, noise=noise, record_steps=s.record).x0,
