@@ -9,12 +9,11 @@ import math
 
 import pytest
 import torch
-from conftest import make_tiny_checkpoint
+from conftest import make_small_trainer, make_tiny_checkpoint
 
 from margrpo.grpo import update
 from margrpo.rewards import Reward, register
 from margrpo.train import step as step_module
-from margrpo.train.config import load_config
 from margrpo.train.trainer import Trainer
 
 LR = 1e-3
@@ -55,27 +54,18 @@ def tiny_checkpoint(tmp_path_factory):
 
 
 def make(tmp_path, checkpoint, *extra) -> Trainer:
-    return Trainer(
-        load_config(
-            None,
-            [
-                f"backbone.checkpoint={checkpoint}",
-                f"run.out_dir={tmp_path / 'run'}",
-                "run.tensorboard=false",
-                "run.eval_every=0",
-                "run.save_every=0",
-                "run.threads=1",
-                "run.max_bad_steps=100",
-                "rollout.num_mask_steps=4",
-                "rollout.record_mask_steps=2",
-                "rollout.record_diffusion_steps=2",
-                "grpo.group_size=4",
-                "grpo.prompts_per_step=2",
-                "rewards={test_optim_mean: 1.0}",
-                f"optim.lr={LR}",
-                *extra,
-            ],
-        )
+    return make_small_trainer(
+        tmp_path,
+        checkpoint,
+        "run.max_bad_steps=100",
+        "rollout.num_mask_steps=4",
+        "rollout.record_mask_steps=2",
+        "rollout.record_diffusion_steps=2",
+        "grpo.group_size=4",
+        "grpo.prompts_per_step=2",
+        "rewards={test_optim_mean: 1.0}",
+        f"optim.lr={LR}",
+        *extra,
     )
 
 
