@@ -7,8 +7,9 @@ paper's numbers: section 6):
   mte           + multi-trajectory expectation on the top-k% most uncertain tokens
   full          + consistency-aware token selection (likelihood over every unknown position)
   preset        the config exactly as written (the main job's distribution over seeds)
-and, on request (--rungs): mte_unknown (MTE over every still-unknown position, step-drawn chains) and
-reference_mte (the same with the reference code's commit-time chains, rollout.seed_chains: commit).
+and, on request (--rungs): unknown_positions (the frozen head scored at every still-unknown position,
+no MTE), mte_unknown (+ MTE there, step-drawn chains) and reference_mte (the same with the reference
+code's commit-time chains, rollout.seed_chains: commit).
 `--estimator matching` (the same as the override `grpo.estimator=matching`) runs the ladder under the
 matching estimator (its MTE gives the uncertain tokens more draws; consistency keeps every committed
 token, so its rung equals the frozen head's there).
@@ -32,9 +33,17 @@ LADDER: dict[str, list[str]] = {
     "frozen_head": ["grpo.head=frozen", "grpo.mte=false", "grpo.consistency=false", "rollout.likelihood_positions=revealed"],
     "mte": ["grpo.head=frozen", "grpo.mte=true", "rollout.num_seeds=3", "grpo.consistency=false", "rollout.likelihood_positions=revealed"],
     "full": ["grpo.head=frozen", "grpo.mte=true", "rollout.num_seeds=3", "grpo.consistency=true", "rollout.likelihood_positions=unknown"],
-    # not in the default ladder: the reference code's MTE as it runs (seed chains drawn under each
-    # token's commit-time z, scored at every still-unknown position), and the same positions with
-    # the step-drawn (zero-mean) chains, so the two differ only in where the chains come from
+    # not in the default ladder: the likelihood over every still-unknown position alone (what
+    # mte_unknown and reference_mte add to frozen_head besides their chains); the reference code's
+    # MTE as it runs (seed chains drawn under each token's commit-time z, scored at every
+    # still-unknown position), and the same positions with the step-drawn (zero-mean) chains, so
+    # the two differ only in where the chains come from
+    "unknown_positions": [
+        "grpo.head=frozen",
+        "grpo.mte=false",
+        "grpo.consistency=false",
+        "rollout.likelihood_positions=unknown",
+    ],
     "mte_unknown": [
         "grpo.head=frozen",
         "grpo.mte=true",
