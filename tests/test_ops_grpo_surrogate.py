@@ -296,3 +296,17 @@ def test_a_nan_advantage_is_an_error_on_cpu(gen):
     advantages[1] = float("nan")
     with pytest.raises(ValueError, match="advantages: got 1 non-finite values of 3"):
         ops.grpo_surrogate(logp, old, advantages, torch.ones(3, 5, dtype=torch.bool))
+    # a caller that checked them already skips the check: the NaN reaches the loss instead
+    out = ops.grpo_surrogate(logp, old, advantages, torch.ones(3, 5, dtype=torch.bool), check_finite=False)
+    assert torch.isnan(out.loss)
+
+
+def test_a_call_without_mte_mask_equals_an_all_false_one(gen):
+    """The all-False mte_mask a call without one reads is kept per signature: repeated calls (the
+    second served from the memo) equal an explicit all-False mask."""
+    logp, old, advantages = inputs(gen, 3, 4, 6, F32, "cpu")
+    mask = torch.rand(4, 6, generator=gen) < 0.7
+    explicit = ops.grpo_surrogate(logp, old, advantages, mask, mte_mask=torch.zeros(4, 6, dtype=torch.bool))
+    for _ in range(2):
+        implicit = ops.grpo_surrogate(logp, old, advantages, mask)
+        assert [t.item() for t in implicit] == [t.item() for t in explicit]

@@ -22,7 +22,19 @@ import torch
 from margrpo.bench.timing import interleave, stats
 
 SHAPES = {"tiny": (3, 1, 4, 16), "nova": (3, 4, 1024, 16)}
-OPS = ("gaussian_logprob", "trajectory_std", "topk_mask", "consistency_mask", "grpo_surrogate")
+# grpo_surrogate: from a bool mask (the public op builds the token_mean weights, work the raw call is
+# spared); grpo_surrogate.weights: the trainer's call, weights given (aggregation "sum");
+# grpo_surrogate.floor: no wrapper, only the raw call's outputs made into the public GRPOLoss (five
+# 0-d tensors: splitting the statistics costs about 1.5 us), the least any wrapper with that result pays
+OPS = (
+    "gaussian_logprob",
+    "trajectory_std",
+    "topk_mask",
+    "consistency_mask",
+    "grpo_surrogate",
+    "grpo_surrogate.weights",
+    "grpo_surrogate.floor",
+)
 TOPK_RATIO, CLIP_EPS = 0.3, 0.2
 
 
@@ -54,7 +66,21 @@ def cases(shape: tuple[int, int, int, int], seed: int = 0) -> dict[str, tuple[Ca
             lambda: ops.grpo_surrogate(logp, old, adv, mask, clip_eps=CLIP_EPS, mte_mask=mte),
             lambda: k_ops.grpo_surrogate_fwd(logp, old, adv, weights, mte, CLIP_EPS, CLIP_EPS),
         ),
+        "grpo_surrogate.floor": (
+            lambda: _as_loss(*k_ops.grpo_surrogate_fwd(logp, old, adv, weights, mte, CLIP_EPS, CLIP_EPS)),
+            lambda: k_ops.grpo_surrogate_fwd(logp, old, adv, weights, mte, CLIP_EPS, CLIP_EPS),
+        ),
+        "grpo_surrogate.weights": (
+            lambda: ops.grpo_surrogate(logp, old, adv, weights, clip_eps=CLIP_EPS, mte_mask=mte, aggregation="sum", check_finite=False),
+            lambda: k_ops.grpo_surrogate_fwd(logp, old, adv, weights, mte, CLIP_EPS, CLIP_EPS),
+        ),
     }
+
+
+def _as_loss(loss: torch.Tensor, stats: torch.Tensor, grad: torch.Tensor):
+    from margrpo.ops import GRPOLoss
+
+    return GRPOLoss(loss, *stats.unbind())
 
 
 @dataclass

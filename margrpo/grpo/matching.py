@@ -331,6 +331,7 @@ def matching_chunk_loss(
         clip_eps=config.clip_eps,
         clip_eps_high=config.clip_eps_high,
         aggregation="sum",
+        check_finite=False,  # policy_update.update checked the advantages once
     )
     kl = score.new_zeros(())
     if prepared.ref_prediction is not None:

@@ -112,6 +112,7 @@ def chunk_loss(
             clip_eps_high=clip_eps_high,
             mte_mask=part_mte,
             aggregation="sum",
+            check_finite=False,  # the caller checks the advantages once (policy_update.update)
         )
         for part_logp, part_old, part_weights, part_mte in parts
     ]

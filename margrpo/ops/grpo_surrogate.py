@@ -67,7 +67,7 @@ def token_weights(mask: torch.Tensor, aggregation: str = "token_mean", dtype: to
         # eager on the CPU, reading the count costs no sync: one op fewer than dividing by a clamped
         # tensor (not while tracing or under a dispatch mode: fake tensors have no count to read)
         return mask.to(dtype).div_(max(int(mask.sum()), 1))
-    w = mask.to(dtype)
+    w = mask if mask.dtype == dtype else mask.to(dtype)  # a no-op .to() still costs about 1.5 us
     if aggregation == "sum":
         return w
     if aggregation == "token_mean":
@@ -89,6 +89,8 @@ def grpo_surrogate(
     clip_eps_high: float | None = None,
     mte_mask: torch.Tensor | None = None,
     aggregation: str = "token_mean",
+    *,
+    check_finite: bool = True,
 ) -> GRPOLoss:
     """The clipped GRPO policy loss (to minimise) with its diagnostics.
 
@@ -106,6 +108,8 @@ def grpo_surrogate(
             each sample's masked mean, then the mean over samples that keep any token; "sum":
             sum(w * term), the mask taken as final weights (e.g. `token_weights` of a whole batch,
             sliced into chunks: the chunk losses then add up to the batch loss).
+        check_finite: raise ValueError on NaN or infinite advantages (eager CPU calls only, where
+            it costs no host sync; a caller that checked them already turns it off).
 
     Returns:
         GRPOLoss of 0-d float32 tensors (float64 for float64 logp); the loss is 0, ratio_mean 0 and
@@ -136,27 +140,34 @@ def grpo_surrogate(
     if plan is None:
         plan = _plan(logp, old_logp, advantages, mask, mte_mask, aggregation)
         _validate.remember(_PLANS, key, plan)
-    B, L, dtype, device = plan
+    B, L, dtype, device, no_mte = plan
     # values: checked on every call
     clip_low = _validate.number("clip_eps", clip_eps, low=0.0)
     clip_high = clip_low if clip_eps_high is None else _validate.number("clip_eps_high", clip_eps_high, low=0.0)
-    if device.type == "cpu" and _kernels.direct_call_allowed():  # free here; on a GPU it would be a host sync
+    if check_finite and device.type == "cpu" and _kernels.direct_call_allowed():  # free here; on a GPU a host sync
         _validate.all_finite("advantages", advantages, "(a NaN reward, or advantages of an empty group?)")
     if mte_mask is None:
-        mte_mask = torch.zeros((B, L), dtype=torch.bool, device=device)
+        mte_mask = no_mte
 
     # these tensors are small ([T, B, L]): computing all of them in the accumulation dtype keeps
     # the kernels to one dtype per call
     operand = _kernels.operand
     logp3 = operand(logp if logp.ndim == 3 else logp.unsqueeze(0), dtype)
-    old3 = operand((old_logp if old_logp.ndim == 3 else old_logp.unsqueeze(0)).detach(), dtype)
-    weights = token_weights(mask.detach(), aggregation, dtype).contiguous()
-    args = (logp3, old3, operand(advantages.detach(), dtype), weights, mte_mask.contiguous(), clip_low, clip_high)
+    old3 = operand(_constant(old_logp if old_logp.ndim == 3 else old_logp.unsqueeze(0)), dtype)
+    weights = token_weights(_constant(mask), aggregation, dtype).contiguous()
+    args = (logp3, old3, operand(_constant(advantages), dtype), weights, mte_mask.contiguous(), clip_low, clip_high)
     loss, stats, _ = _OP(device, *args, empty=logp3.numel() == 0)
     return GRPOLoss(loss, *stats.unbind())
 
 
-_PLANS: dict[tuple, tuple] = {}  # call signature -> (B, L, compute dtype, device); see _validate.remember
+# call signature -> (B, L, compute dtype, device, the all-False mte_mask a call without one reads); see
+# _validate.remember. The kernels only read that mask, so one per signature serves every call.
+_PLANS: dict[tuple, tuple] = {}
+
+
+def _constant(t: torch.Tensor) -> torch.Tensor:
+    """`t` outside autograd: detached only when it records (a detach costs about 0.3 us a call)."""
+    return t.detach() if t.requires_grad else t
 
 
 def _plan(logp: object, old_logp: object, advantages: object, mask: object, mte_mask: object, aggregation: object) -> tuple:
@@ -185,4 +196,5 @@ def _plan(logp: object, old_logp: object, advantages: object, mask: object, mte_
         logp=logp, old_logp=old_logp, advantages=advantages, mask=mask, mte_mask=logp if mte_mask is None else mte_mask
     )
     _validate.choice("aggregation", aggregation, _AGGREGATIONS)
-    return B, L, oracle.acc_dtype(torch.promote_types(logp.dtype, old_logp.dtype)), device
+    no_mte = torch.zeros((B, L), dtype=torch.bool, device=device) if mte_mask is None else None
+    return B, L, oracle.acc_dtype(torch.promote_types(logp.dtype, old_logp.dtype)), device, no_mte
