@@ -254,6 +254,28 @@ def test_rescored_old_logprobs_make_the_first_update_on_policy(tiny, switches):
     assert result.metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-9)  # weights sum to 1 over the batch
 
 
+def test_a_single_optimizer_step_divides_by_its_own_forward(tiny):
+    """One optimizer step per update: old log-probs that need rescoring come from the loss's own
+    forward, detached. No forward runs without gradient, the ratio is exactly 1 and the gradient is
+    the plain policy gradient (the reinforce objective's); with several steps the update rescores."""
+    model, rollout = tiny
+    advantages = torch.tensor([0.9, -0.4, 0.3, -0.8], dtype=F64)
+    model = copy.deepcopy(model)
+    grad_modes: list[bool] = []
+    block = next(m for m in model.modules() if type(m).__name__ == "Block")  # every forward_z runs it
+    block.register_forward_hook(lambda *_: grad_modes.append(torch.is_grad_enabled()))
+    config = GRPOConfig(kl_beta=0.0, likelihood_cfg="none")
+    got, result = _gradient(model, rollout, advantages, config)
+    assert grad_modes and all(grad_modes)
+    assert result.metrics["ratio_max"] == 1.0 and result.metrics["clip_fraction"] == 0.0
+    want, _ = _gradient(model, rollout, advantages, GRPOConfig(kl_beta=0.0, likelihood_cfg="none", objective="reinforce"))
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+    grad_modes.clear()
+    _gradient(model, rollout, advantages, GRPOConfig(kl_beta=0.0, likelihood_cfg="none", minibatches=3, minibatch_over="mask_steps"))
+    assert False in grad_modes and True in grad_modes  # the rescoring forwards, then the loss's
+
+
 # ---------------------------------------------------------------- the metrics of several epochs
 def test_metrics_are_means_over_inner_epochs(tiny):
     """At lr 0 every epoch sees the same loss: the metrics of 3 epochs are those of 1 (on-policy:

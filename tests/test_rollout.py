@@ -516,6 +516,42 @@ def test_unknown_mode_predictions(backbone, sampler):
             assert torch.equal(x_T[:, :, skip:], later)
 
 
+def test_without_consistency_predictions_the_steps_before_recorded_ones_denoise_only_their_tokens(backbone, sampler, monkeypatch):
+    """consistency_predictions=False: the same rollout (tokens, seeds' tokens, recorded transitions)
+    without the predictions, and without the extra denoise of every unknown position at the
+    steps before recorded ones (fewer head rows)."""
+    import importlib
+
+    from margrpo.grpo import GRPOConfig
+    from margrpo.grpo.policy_update import token_selection
+
+    config = _config(likelihood_positions="unknown", cfg_scale=2.0)
+    plan = RecordPlan(mask_steps=(3, 5), diffusion_steps=((0, 2, 4), (1, 2, 3)))  # steps 2 and 4 precede them
+    generate_module = importlib.import_module("margrpo.rollout.generate")  # the module, not the function
+    rows: list[int] = []
+    denoise = generate_module.multi_seed_denoise
+
+    def counting(head, condition, *args, num_seeds, **kwargs):
+        rows.append(condition.shape[0] * (num_seeds + 1))
+        return denoise(head, condition, *args, num_seeds=num_seeds, **kwargs)
+
+    monkeypatch.setattr(generate_module, "multi_seed_denoise", counting)
+    runs = {}
+    for keep in (True, False):
+        rows.clear()
+        runs[keep] = generate_module.generate(
+            backbone, list(PROMPTS), config, [5, 6, 7], sampler=sampler, plan=plan, consistency_predictions=keep
+        )
+        runs[keep].head_rows = sum(rows)
+    full, lean = runs[True], runs[False]
+    assert lean.pred_clean is None and lean.pred_clean_prev is None and full.pred_clean_prev is not None
+    for name in ("tokens", "seed_tokens", "x_t", "x_prev", "mean", "std", "logp"):
+        torch.testing.assert_close(getattr(lean, name), getattr(full, name), rtol=1e-12, atol=1e-12, msg=name)
+    assert lean.head_rows < full.head_rows
+    with pytest.raises(ValueError, match="no clean predictions"):
+        token_selection(lean, GRPOConfig(consistency=True))
+
+
 # ---------------------------------------------------------------- plans and bad input
 def test_plan_never_picks_deterministic_or_empty_steps(sampler):
     counts = schedule.nova_schedule(12, 6)

@@ -74,6 +74,11 @@ def token_selection(rollout: Rollout, config: GRPOConfig) -> tuple[torch.Tensor,
     B, M, N, P = rollout.batch_size, rollout.plan.num_mask_steps, rollout.num_tokens, config.pixels_per_token
     keep = torch.ones(B, rollout.num_transitions, P, dtype=torch.bool, device=rollout.logp.device)
     if config.consistency:
+        if rollout.pred_clean_prev is None:
+            raise ValueError(
+                "grpo.consistency: the rollout has no clean predictions to compare; generate it with "
+                "likelihood_positions 'unknown' and consistency_predictions=True"
+            )
         per_step = torch.ones(B, M, N, P, dtype=torch.bool, device=keep.device)
         for j in range(M):
             if rollout.effective_index(j) >= config.consistency_start_step:
@@ -189,8 +194,9 @@ def old_values(policy, rollout: Rollout, config: GRPOConfig, batches, bf16: bool
     return rollout.with_update_values(old_logp=old_logp, old_mean=old_mean)
 
 
-def _chunk_loss(policy, chunk: RolloutChunk, advantages, weights, mte, kl_weights, config: GRPOConfig, bf16: bool):
-    """The loss of one chunk, recomputed with gradient under the policy."""
+def _chunk_loss(policy, chunk: RolloutChunk, advantages, weights, mte, kl_weights, config: GRPOConfig, bf16: bool, old_is_current: bool):
+    """The loss of one chunk, recomputed with gradient under the policy; old_is_current: the ratio
+    divides by this forward's own values (see `_transition_losses`)."""
     lik = likelihood(policy, chunk.rollout, config, steps=chunk.steps, bf16=bf16)
     # one std for every Gaussian of the loss (the reference code has no Gaussian KL to copy): the old
     # log-probs (the first update's ratio is then 1), the gaussian KL (the policy term's Gaussians)
@@ -207,7 +213,7 @@ def _chunk_loss(policy, chunk: RolloutChunk, advantages, weights, mte, kl_weight
             ref_logp = position_logp(x_prev, chunk.ref_mean.to(x_prev.dtype), std)
     else:
         logp, old = lik.logp, chunk.old_logp
-    if config.objective == "reinforce":
+    if config.objective == "reinforce" or old_is_current:
         old = logp.detach()
     kl_beta = config.kl_beta if chunk.ref_logp is not None else 0.0
     rows = torch.tensor(chunk.images, dtype=torch.long, device=advantages.device)
@@ -239,8 +245,16 @@ def _transition_losses(policy, ref_context, rollout: Rollout, advantages, config
     if samples is not None:
         keep = keep & samples.to(keep.device)[:, None, None]
     weights, kl_weights = update_weights(rollout, keep, config, batches)
+    # old log-probs that must be rescored (`rescores_old`): when the update takes one optimizer step
+    # (every chunk is scored before it), the policy that scores the loss is the old one, so the ratio
+    # divides by the loss forward's own values, detached: no separate forward without gradient (a
+    # tenth of a NOVA step), and a ratio of exactly 1 rather than 1 up to the two forwards' rounding
+    old_is_current = False
     if rescores_old(policy, rollout, config, bf16):
-        rollout = old_values(policy, rollout, config, batches, bf16)
+        if config.inner_epochs == 1 and len(batches) == 1:
+            old_is_current = True
+        else:
+            rollout = old_values(policy, rollout, config, batches, bf16)
     policy.train()
     if ref_context is not None:
         with torch.no_grad(), ref_context as model:
@@ -249,7 +263,8 @@ def _transition_losses(policy, ref_context, rollout: Rollout, advantages, config
         rollout = rollout.with_update_values(ref_logp=ref.logp, ref_mean=ref.mean)
 
     def loss_of(images, steps):
-        return _chunk_loss(policy, rollout.chunk(images, steps), advantages, weights, mte, kl_weights, config, bf16)
+        chunk = rollout.chunk(images, steps)
+        return _chunk_loss(policy, chunk, advantages, weights, mte, kl_weights, config, bf16, old_is_current)
 
     return loss_of, keep.float().mean().item(), mte
 

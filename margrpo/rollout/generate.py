@@ -156,6 +156,7 @@ def generate(
     plan: RecordPlan | None = None,
     shared_seeds: Sequence[int] | None = None,
     mirror: Sequence[int] | None = None,
+    consistency_predictions: bool = True,
 ) -> Rollout:
     """Generate one image per prompt and record the planned transitions.
 
@@ -168,7 +169,11 @@ def generate(
     of the recorded transitions, which (like the seed trajectories' noise) comes from `seeds`. None:
     everything from `seeds`. mirror (with shared_seeds): B indices, -1 for a sample that draws its own
     recorded noise, else the sample (same shared seed, itself drawing its own) whose recorded noise it
-    takes negated (margrpo.rollout.seeding.mirror_pairs). Runs without gradient.
+    takes negated (margrpo.rollout.seeding.mirror_pairs). consistency_predictions (likelihood_positions
+    "unknown"): record the head's clean predictions at each recorded step and at the step before it,
+    which consistency-aware selection compares; False skips the extra denoise of every unknown
+    position at the steps before recorded ones (the Rollout then has no pred_clean / pred_clean_prev).
+    Runs without gradient.
     """
     check_backbone(backbone)
     _check_inputs(prompts, seeds, config)
@@ -191,7 +196,7 @@ def generate(
             diffusion_range=config.record_diffusion_range,
         )
     _check_plan(plan, counts, sampler, config)
-    generation = _Generation(backbone, prompts, config, seeds, sampler, plan, counts, shared_seeds, mirror)
+    generation = _Generation(backbone, prompts, config, seeds, sampler, plan, counts, shared_seeds, mirror, consistency_predictions)
     for step in effective_steps(counts):
         generation.mask_step(step)
     return generation.finish()
@@ -201,7 +206,9 @@ class _Generation:
     """One generate() call: its randomness and prompt rows (set up here), the canvas that its mask
     steps fill in (`mask_step`), what the recorded steps keep (`_record`), and the Rollout (`finish`)."""
 
-    def __init__(self, backbone, prompts, config: RolloutConfig, seeds, sampler, plan: RecordPlan, counts, shared_seeds, mirror):
+    def __init__(
+        self, backbone, prompts, config: RolloutConfig, seeds, sampler, plan: RecordPlan, counts, shared_seeds, mirror, predictions: bool
+    ):
         self.backbone, self.prompts, self.config, self.seeds = backbone, list(prompts), config, seeds
         self.sampler, self.plan, self.counts = sampler, plan, counts
         B, N, C = len(prompts), backbone.num_tokens, backbone.token_channels
@@ -215,6 +222,7 @@ class _Generation:
 
         self.order, self.noise_bank = _draw_randomness(seeds, N, diff_steps, K + 1, C, device, dtype)
         self.unknown_mode = config.likelihood_positions == "unknown"
+        self.keeps_predictions = self.unknown_mode and predictions
         if shared_seeds is not None:
             self.order, shared_bank = _draw_randomness(shared_seeds, N, diff_steps, 1, C, device, dtype)
             own = _recorded_noise(self.order, counts, plan, self.unknown_mode, diff_steps)[..., None]
@@ -228,9 +236,10 @@ class _Generation:
         steps = effective_steps(counts)
         self.recorded_index = {step: j for j, step in enumerate(plan.mask_steps)}
         self.post_step = config.known_mask == "post_step"
-        # in "unknown" mode the step before a recorded one also denoises every unknown position, for
-        # the consistency test's previous prediction
-        self.needs_prev = {steps[k - 1] for k in range(1, len(steps)) if steps[k] in self.recorded_index} if self.unknown_mode else set()
+        # with the consistency predictions the step before a recorded one also denoises every unknown
+        # position, for the consistency test's previous prediction
+        following = {steps[k - 1] for k in range(1, len(steps)) if steps[k] in self.recorded_index}
+        self.needs_prev = following if self.keeps_predictions else set()
 
         self.canvas = torch.zeros(B, N, C, device=device, dtype=dtype)
         self.known = torch.zeros(B, N, dtype=torch.bool, device=device)
@@ -238,7 +247,7 @@ class _Generation:
         M = plan.num_mask_steps
         self.records: list[dict[str, torch.Tensor]] = [{} for _ in range(M)]
         self.cfg_scales = [0.0] * M
-        self.predictions: list = [None] * M  # "unknown" mode: pred_clean and pred_clean_prev per recorded step
+        self.predictions: list = [None] * M  # keeps_predictions: pred_clean and pred_clean_prev per recorded step
         self.previous_predictions: list = [None] * M
         self.last_prediction = None
         self.commit_chains = CommitChains() if config.seed_chains == "commit" and K > 0 and M else None
@@ -281,7 +290,7 @@ class _Generation:
         self.known.scatter_(1, committed, True)
         self.seed_tokens.scatter_(2, committed[None, :, :, None].expand(K, -1, -1, C), x0[1:, :, :n])
         prediction = None
-        if all_unknown:  # committed tokens where known, the head's sample (trajectory 0) elsewhere
+        if all_unknown and self.keeps_predictions:  # committed tokens where known, the head's sample (trajectory 0) elsewhere
             prediction = canvas.clone().scatter_(1, positions[..., None].expand(-1, -1, C), x0[0])
         if j is not None:
             self._record(j, out, positions, n, scale, prediction)
@@ -300,7 +309,7 @@ class _Generation:
             drawn["sampled_std"] = drawn["std"][:, :1]
             self.pending = (j, kept, drawn) if kept.shape[1] else None  # the final step keeps none
         self.records[j] = {name: head_to_rollout(value, B, kept.shape[1]) for name, value in drawn.items()}
-        if self.unknown_mode:
+        if self.keeps_predictions:
             self.predictions[j] = prediction
             self.previous_predictions[j] = torch.zeros_like(self.canvas) if self.last_prediction is None else self.last_prediction
 
@@ -356,8 +365,8 @@ class _Generation:
             mean=cat("mean", (C,)),
             std=cat("std", (C,)),
             logp=cat("logp", ()),
-            pred_clean=_stack_steps(self.predictions, canvas) if self.unknown_mode else None,
-            pred_clean_prev=_stack_steps(self.previous_predictions, canvas) if self.unknown_mode else None,
+            pred_clean=_stack_steps(self.predictions, canvas) if self.keeps_predictions else None,
+            pred_clean_prev=_stack_steps(self.previous_predictions, canvas) if self.keeps_predictions else None,
             reveal_counts=tuple(self.counts),
             plan=self.plan,
             cfg_scales=tuple(self.cfg_scales),

@@ -88,8 +88,9 @@ class Rollout:
                                                grpo.likelihood_std recorded_main uses it, as the
                                                reference code does). Trajectory 0 only: nothing
                                                reads the seeds' sampling-time std.
-    Predicted clean latents for consistency-aware selection ("unknown" mode only; None in "revealed"
-    mode, where every transition belongs to a token committed at its step, which the selection keeps):
+    Predicted clean latents for consistency-aware selection ("unknown" mode, unless generate() was told
+    that no consistency test reads them; None in "revealed" mode, where every transition belongs to a
+    token committed at its step, which the selection keeps):
       pred_clean         fp32  [B, M, N, C]    at recorded mask step j, the clean latent the head
                                                sampled (trajectory 0) for every position unknown
                                                before the step; known positions hold their tokens

@@ -161,7 +161,15 @@ def step_rollout(t: Trainer, step: int):
         mirror = mirror_pairs(len(slots), g.group_size)
     t.policy.eval()
     return prompts, generate(
-        t.policy, prompts, t.config.rollout, seeds, sampler=t.sampler, plan=record_plan(t, step), shared_seeds=shared, mirror=mirror
+        t.policy,
+        prompts,
+        t.config.rollout,
+        seeds,
+        sampler=t.sampler,
+        plan=record_plan(t, step),
+        shared_seeds=shared,
+        mirror=mirror,
+        consistency_predictions=g.consistency,
     )
 
 
