@@ -13,6 +13,7 @@ import torch
 from margrpo.bench import step as bench_step
 from margrpo.bench.cli import main as bench_main
 from margrpo.rollout import generate
+from margrpo.train.step import record_plan, step_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "shapes-tiny.yaml"
@@ -54,9 +55,9 @@ def test_both_paths_run_and_the_fused_images_are_the_trainers_rollout():
     bench = bench_step.StepBench(bench_step.load_bench_config(CONFIG, TINY))
     trainer = bench.trainer
     before = {name: p.detach().clone() for name, p in trainer.policy.named_parameters()}
-    prompts, seeds, _ = trainer._step_prompts(1)
+    prompts, seeds, _ = step_prompts(trainer, 1)
     expected = generate(
-        bench.policy, prompts, trainer.config.rollout, seeds, sampler=trainer.sampler, plan=trainer._plan(1)
+        bench.policy, prompts, trainer.config.rollout, seeds, sampler=trainer.sampler, plan=record_plan(trainer, 1)
     ).images  # the reference path's copy is still the starting policy
 
     for path, run_step in (("fused", bench.fused), ("reference", bench.reference)):

@@ -21,7 +21,7 @@ from margrpo.prompt_files import (
 )
 from margrpo.rewards import MissingMetadataError, Reward, build_reward, register, synthetic
 from margrpo.sample import read_prompts
-from margrpo.train.step import watch_flat_rewards
+from margrpo.train.step import step_prompts, watch_flat_rewards
 from margrpo.train.trainer import Trainer
 
 LINES = [
@@ -182,7 +182,7 @@ def test_the_trainer_passes_each_prompts_metadata_to_the_rewards(tmp_path, tiny_
     prompts, metadata = SEEN[-1]
     expected = {line["prompt"]: reward_metadata({k: v for k, v in line.items() if k != "prompt"}) for line in LINES}
     assert len(prompts) == 4 and metadata == [expected[p] for p in prompts]
-    assert prompts == trainer._step_prompts(0)[0]
+    assert prompts == step_prompts(trainer, 0)[0]
     summary = trainer.evaluate(0, log=False)  # the held-out reward gets the eval prompts' metadata
     prompts, metadata = SEEN[-1]
     assert set(summary) == {"heldout/reward"} and metadata == [expected[p] for p in prompts]

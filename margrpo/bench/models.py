@@ -335,7 +335,7 @@ def bench_nova(device: torch.device | str, settings: NovaBenchSettings | None = 
         def reference_step(cfg: RolloutConfig, step_plan) -> None:
             nova_reference_grpo_step(
                 trainer.policy,
-                trainer.reference,
+                trainer.ref_policy,
                 optimizer,
                 prompts,
                 cfg,

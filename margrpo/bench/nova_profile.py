@@ -330,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         for path in paths:
             clock = PhaseClock(None if args.no_flops else FlopCounterMode(display=False), device)
             if path == "fused":
-                with instrumented(clock, trainer.policy, trainer.reference, trainer=trainer):
+                with instrumented(clock, trainer.policy, trainer.ref_policy, trainer=trainer):
                     totals = profile_step(trainer.train_step, clock)
             elif path == "reference":
                 optimizer = torch.optim.AdamW(trainer.policy.trainable_parameters(), lr=1e-6)
@@ -342,11 +342,11 @@ def main(argv: list[str] | None = None) -> int:
                 generator = torch.Generator().manual_seed(0)
                 reward = clock.wrap(trainer.reward, lambda *a, **kw: "reward")
 
-                with instrumented(clock, trainer.policy, trainer.reference, optimizer=optimizer):
+                with instrumented(clock, trainer.policy, trainer.ref_policy, optimizer=optimizer):
                     totals = profile_step(
                         lambda: nova_reference_grpo_step(
                             trainer.policy,
-                            trainer.reference,
+                            trainer.ref_policy,
                             optimizer,
                             prompts,
                             config,

@@ -41,6 +41,7 @@ from margrpo.bench.timing import Interleaved, interleave
 from margrpo.bench.models import nova_reference_rollout, nova_reference_update
 from margrpo.rollout import effective_steps, mask_schedule
 from margrpo.train.config import TrainerConfig, load_config
+from margrpo.train.step import record_plan, step_prompts
 from margrpo.train.trainer import Trainer
 
 PATHS = ("fused", "reference")
@@ -118,10 +119,10 @@ class StepBench:
         t, config = self.trainer, self.trainer.config
         times = {}
         begin = time.perf_counter()
-        prompts, seeds, _ = t._step_prompts(step)
+        prompts, seeds, _ = step_prompts(t, step)
         generator = torch.Generator(device=self.device).manual_seed(seeds[0])
         self.policy.eval()
-        images, records = nova_reference_rollout(self.policy, prompts, config.rollout, t.sampler, t._plan(step), generator)
+        images, records = nova_reference_rollout(self.policy, prompts, config.rollout, t.sampler, record_plan(t, step), generator)
         _sync(self.device)
         times["rollout"] = time.perf_counter() - begin
 
@@ -131,11 +132,11 @@ class StepBench:
 
         begin = time.perf_counter()
         self.policy.train()
-        if t.reference is not None:
-            t.reference.train(self.policy.training)  # the same forward mode, as the trainer does
+        if t.ref_policy is not None:
+            t.ref_policy.train(self.policy.training)  # the same forward mode, as the trainer does
         g = config.grpo
         nova_reference_update(
-            self.policy, t.reference, self.optimizer, prompts, records, t.sampler, rewards, g.group_size, g.kl_beta, config.optim.grad_clip
+            self.policy, t.ref_policy, self.optimizer, prompts, records, t.sampler, rewards, g.group_size, g.kl_beta, config.optim.grad_clip
         )
         _sync(self.device)
         times["train"] = time.perf_counter() - begin

@@ -211,7 +211,7 @@ RULES = (
     Rule("grpo.inner_epochs", _at_least(1), "an integer >= 1"),
     Rule("grpo.minibatches", _at_least(1), "an integer >= 1"),
     Rule("grpo.micro_batches", _at_least(1), "an integer >= 1"),
-    Rule("grpo.kl_beta", lambda v, c: finite(v) and v >= 0, "a finite number >= 0 (0: no KL term, no reference)"),
+    Rule("grpo.kl_beta", lambda v, c: finite(v) and v >= 0, "a finite number >= 0 (0: no KL term, no ref policy)"),
     Rule("grpo.head_lr_scale", lambda v, c: finite(v) and v >= 0, "a finite number >= 0 (with head: low_lr)"),
     Rule(
         "grpo.mte",
@@ -252,13 +252,13 @@ RULES = (
     Rule(
         "grpo.lora.rank",
         lambda v, c: not v or c.grpo.head == "frozen",
-        "0 unless grpo.head: frozen (LoRA trains the adapters only; the reference is the base weights)",
+        "0 unless grpo.head: frozen (LoRA trains the adapters only; the ref policy is the base weights)",
     ),
     Rule("grpo.ref_refresh_every", _at_least(0), "an integer >= 0 (0: never)"),
     Rule(
         "grpo.ref_refresh_every",
         lambda v, c: not v or (c.grpo.kl_beta > 0 and not c.grpo.lora.rank),
-        "0 unless grpo.kl_beta > 0 and grpo.lora.rank: 0 (with LoRA the reference is the base weights, "
+        "0 unless grpo.kl_beta > 0 and grpo.lora.rank: 0 (with LoRA the ref policy is the base weights, "
         "which a refresh cannot set without merging the adapters)",
     ),
     Rule("grpo.lora.alpha", lambda v, c: v is None or (finite(v) and v > 0), "null (2 * rank) or a finite number > 0"),

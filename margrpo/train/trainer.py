@@ -270,13 +270,6 @@ class Trainer:
     train_step = step_mod.train_step
     rollout = step_mod.step_rollout
     step_metadata = step_mod.step_metadata
-    # margrpo/bench/step.py and bench/models.py read these under their old names
-    _step_prompts = step_mod.step_prompts
-    _plan = step_mod.record_plan
-
-    @property
-    def reference(self):
-        return self.ref_policy
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, step: int, log: bool = True, grid_name: str | None = None) -> dict[str, float]:
