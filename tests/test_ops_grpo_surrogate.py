@@ -302,8 +302,8 @@ def test_a_nan_advantage_is_an_error_on_cpu(gen):
 
 
 def test_a_call_without_mte_mask_equals_an_all_false_one(gen):
-    """The all-False mte_mask a call without one reads is kept per signature: repeated calls (the
-    second served from the memo) equal an explicit all-False mask."""
+    """Eager calls without an mte_mask share one all-False mask per shape: repeated calls (the second
+    reads the kept one) equal an explicit all-False mask."""
     logp, old, advantages = inputs(gen, 3, 4, 6, F32, "cpu")
     mask = torch.rand(4, 6, generator=gen) < 0.7
     explicit = ops.grpo_surrogate(logp, old, advantages, mask, mte_mask=torch.zeros(4, 6, dtype=torch.bool))

@@ -41,7 +41,10 @@ def find(backend: str, module: str, name: str) -> Callable | None:
     if backend in ("cpp", "cuda"):
         if _backend.extension() is None:
             return None
-        return getattr(torch.ops.margrpo, name, None)
+        packet = getattr(torch.ops.margrpo, name, None)
+        # the packet's own entry point (`_op`, the dispatcher's callable behind torch.ops.margrpo.<name>):
+        # the packet's Python __call__ in front of it costs about 0.6 us a call
+        return getattr(packet, "_op", packet)
     raise ValueError(f"backend: got {backend!r}, expected one of {', '.join(_backend.BACKENDS)}")
 
 
@@ -121,7 +124,7 @@ def for_eager(
     `empty`: the oracle, which returns an empty result without any kernel launch."""
     if empty:
         return "torch", tuple(get("torch", module, name) for name in names)
-    selection = selection or _backend.get_backend()
+    selection = selection or _backend._selected  # (not get_backend(): a call costs as much as the lookup)
     key = (device, op, selection)
     picks = _eager_picks.get(key)
     if picks is None:

@@ -140,14 +140,14 @@ def grpo_surrogate(
     if plan is None:
         plan = _plan(logp, old_logp, advantages, mask, mte_mask, aggregation)
         _validate.remember(_PLANS, key, plan)
-    B, L, dtype, device, no_mte = plan
+    B, L, dtype, device = plan
     # values: checked on every call
     clip_low = _validate.number("clip_eps", clip_eps, low=0.0)
     clip_high = clip_low if clip_eps_high is None else _validate.number("clip_eps_high", clip_eps_high, low=0.0)
     if check_finite and device.type == "cpu" and _kernels.direct_call_allowed():  # free here; on a GPU a host sync
         _validate.all_finite("advantages", advantages, "(a NaN reward, or advantages of an empty group?)")
     if mte_mask is None:
-        mte_mask = no_mte
+        mte_mask = _all_false(B, L, device)
 
     # these tensors are small ([T, B, L]): computing all of them in the accumulation dtype keeps
     # the kernels to one dtype per call
@@ -160,9 +160,20 @@ def grpo_surrogate(
     return GRPOLoss(loss, *stats.unbind())
 
 
-# call signature -> (B, L, compute dtype, device, the all-False mte_mask a call without one reads); see
-# _validate.remember. The kernels only read that mask, so one per signature serves every call.
-_PLANS: dict[tuple, tuple] = {}
+_PLANS: dict[tuple, tuple] = {}  # call signature -> (B, L, compute dtype, device); see _validate.remember
+_ALL_FALSE: dict[tuple, torch.Tensor] = {}  # (B, L, device) -> the mte_mask of eager calls without one
+
+
+def _all_false(B: int, L: int, device: torch.device) -> torch.Tensor:
+    """The all-False mte_mask of a call without one: the kernels only read it, so eager calls share one
+    per shape; under tracing or a dispatch mode (fake tensors) a fresh one of that mode."""
+    if not _kernels.direct_call_allowed():
+        return torch.zeros((B, L), dtype=torch.bool, device=device)
+    mask = _ALL_FALSE.get((B, L, device))
+    if mask is None:
+        mask = torch.zeros((B, L), dtype=torch.bool, device=device)
+        _validate.remember(_ALL_FALSE, (B, L, device), mask)
+    return mask
 
 
 def _constant(t: torch.Tensor) -> torch.Tensor:
@@ -196,5 +207,4 @@ def _plan(logp: object, old_logp: object, advantages: object, mask: object, mte_
         logp=logp, old_logp=old_logp, advantages=advantages, mask=mask, mte_mask=logp if mte_mask is None else mte_mask
     )
     _validate.choice("aggregation", aggregation, _AGGREGATIONS)
-    no_mte = torch.zeros((B, L), dtype=torch.bool, device=device) if mte_mask is None else None
-    return B, L, oracle.acc_dtype(torch.promote_types(logp.dtype, old_logp.dtype)), device, no_mte
+    return B, L, oracle.acc_dtype(torch.promote_types(logp.dtype, old_logp.dtype)), device

@@ -55,11 +55,12 @@ _OPS = {
 }
 
 
+_MASK, _INDICES = _OPS["topk_mask"], _OPS["topk_indices"]
 _PLANS: dict[tuple, int] = {}  # call signature (scores' shape and dtype, ratio, k) -> k; _validate.remember
 
 
 def _scores_and_k(scores: object, ratio: float | None, k: int | None) -> tuple[torch.Tensor, int]:
-    """scores and the k of each row, after the checks; a signature that passed them skips them."""
+    """scores (contiguous) and the k of each row, after the checks; a signature that passed them skips them."""
     key = None
     if not torch.compiler.is_compiling():
         try:
@@ -68,10 +69,10 @@ def _scores_and_k(scores: object, ratio: float | None, k: int | None) -> tuple[t
         except (AttributeError, TypeError):  # not a tensor (the checks name it)
             key = known = None
         if known is not None:
-            return scores, known
+            return scores.contiguous(), known
     scores, k = _checked_scores_and_k(scores, ratio, k)
     _validate.remember(_PLANS, key, k)
-    return scores, k
+    return scores.contiguous(), k
 
 
 def _checked_scores_and_k(scores: object, ratio: float | None, k: int | None) -> tuple[torch.Tensor, int]:
@@ -86,13 +87,6 @@ def _checked_scores_and_k(scores: object, ratio: float | None, k: int | None) ->
     return scores, _validate.integer("k", k, 0, N)
 
 
-def _run(op: str, scores: torch.Tensor, k: int, check_finite: bool) -> torch.Tensor:
-    """The kernel `<op>_fwd` of the selected backend on `scores` (see _factory.FusedOp)."""
-    scores = scores.contiguous()
-    # an empty batch or row: the oracle returns the empty result without any kernel launch
-    return _OPS[op](scores.device, scores, k, check_finite, empty=scores.numel() == 0)
-
-
 def topk_mask(scores: torch.Tensor, ratio: float | None = None, k: int | None = None, *, check_finite: bool = True) -> torch.Tensor:
     """bool [B, N], True at exactly k positions per row: the k largest scores, ties to the lower index.
 
@@ -104,11 +98,12 @@ def topk_mask(scores: torch.Tensor, ratio: float | None = None, k: int | None = 
             GPU hot paths where the scores are known to be clean). +-inf scores rank normally.
     """
     scores, k = _scores_and_k(scores, ratio, k)
-    return _run("topk_mask", scores, k, check_finite)
+    # an empty batch or row: the oracle returns the empty result without any kernel launch
+    return _MASK(scores.device, scores, k, check_finite, empty=scores.numel() == 0)
 
 
 def topk_indices(scores: torch.Tensor, ratio: float | None = None, k: int | None = None, *, check_finite: bool = True) -> torch.Tensor:
     """int64 [B, k]: the positions of the k largest scores per row, by descending score; equal scores
     are chosen and ordered toward the lower index. Arguments as in topk_mask."""
     scores, k = _scores_and_k(scores, ratio, k)
-    return _run("topk_indices", scores, k, check_finite)
+    return _INDICES(scores.device, scores, k, check_finite, empty=scores.numel() == 0)
