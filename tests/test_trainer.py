@@ -427,14 +427,38 @@ def test_ablate_estimator_flag_sets_the_estimator_of_every_rung(tmp_path, monkey
 
     seen = []
 
-    def fake_run(config, overrides, rung, seed, out_dir):
-        seen.append((rung, list(overrides)))
+    def fake_run(config, overrides, rung, seed, out_dir, positions=None):
+        seen.append((rung, list(overrides), positions))
         return {"before": {"heldout/overall": 0.3}, "after": {"heldout/overall": 0.4}, "kl": 0.01}
 
     monkeypatch.setattr(ablate, "run_one", fake_run)
     args = ["--config", "c.yaml", "--out", str(tmp_path), "--seeds", "0", "--rungs", "grpo", "mte"]
     assert ablate.main([*args, "--estimator", "matching", "run.steps=2"]) == 0
-    assert [rung for rung, _ in seen] == ["grpo", "mte"]
-    assert all(o == ["run.steps=2", "grpo.estimator=matching"] for _, o in seen)
+    assert [rung for rung, _, _ in seen] == ["grpo", "mte"]
+    assert all(o == ["run.steps=2", "grpo.estimator=matching"] and p is None for _, o, p in seen)
+    seen.clear()
+    assert ablate.main([*args, "--positions", "unknown"]) == 0
+    assert [p for _, _, p in seen] == ["unknown", "unknown"]
     with pytest.raises(SystemExit):
         ablate.main([*args, "--estimator", "matching", "grpo.estimator=transition"])
+
+
+def test_ablate_positions_replace_the_rungs_own(tmp_path, monkeypatch):
+    """--positions unknown reaches the trainer after the rung's own likelihood positions."""
+    from margrpo.train import ablate, trainer
+
+    built = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_from_files(config, overrides):
+        built.append(overrides)
+        raise Stop
+
+    monkeypatch.setattr(trainer.Trainer, "from_files", staticmethod(fake_from_files))
+    with pytest.raises(Stop):
+        ablate.run_one("c.yaml", ["run.steps=2"], "frozen_head", 3, tmp_path / "run", positions="unknown")
+    overrides = built[0]
+    assert overrides.index("rollout.likelihood_positions=unknown") > overrides.index("rollout.likelihood_positions=revealed")
+    assert overrides[0] == "run.steps=2" and "run.seed=3" in overrides

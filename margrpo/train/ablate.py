@@ -10,6 +10,8 @@ paper's numbers: section 6):
 and, on request (--rungs): unknown_positions (the frozen head scored at every still-unknown position,
 no MTE), mte_unknown (+ MTE there, step-drawn chains) and reference_mte (the same with the reference
 code's commit-time chains, rollout.seed_chains: commit).
+`--positions unknown` scores every still-unknown position in every rung (the upstream code's
+likelihood: the mte rung is then mte_unknown, frozen_head unknown_positions).
 `--estimator matching` (the same as the override `grpo.estimator=matching`) runs the ladder under the
 matching estimator (its MTE gives the uncertain tokens more draws; consistency keeps every committed
 token, so its rung equals the frozen head's there).
@@ -171,15 +173,17 @@ def plot_gains(results: dict[str, list[dict]], out_png: Path) -> Path | None:
     return out_png
 
 
-def run_one(config: str, overrides: list[str], rung: str, seed: int, out_dir: Path) -> dict:
-    """One (rung, seed) run, or its saved summary when it already finished."""
+def run_one(config: str, overrides: list[str], rung: str, seed: int, out_dir: Path, positions: str | None = None) -> dict:
+    """One (rung, seed) run, or its saved summary when it already finished; positions: the
+    likelihood positions of every rung (after the rung's own setting), None for the rung's."""
     from .metrics import read_metrics
     from .trainer import Trainer
 
     done = out_dir / "summary.json"
     if done.is_file():
         return json.loads(done.read_text())
-    trainer = Trainer.from_files(config, [*overrides, *LADDER[rung], f"run.seed={seed}", f"run.out_dir={out_dir}"])
+    ladder = [*LADDER[rung], *([f"rollout.likelihood_positions={positions}"] if positions else [])]
+    trainer = Trainer.from_files(config, [*overrides, *ladder, f"run.seed={seed}", f"run.out_dir={out_dir}"])
     summary = trainer.run()
     if "after" not in summary:  # stopped by a signal: nothing to summarise yet
         raise SystemExit(f"{out_dir}: run stopped before its end; rerun the same command to resume it")
@@ -197,6 +201,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="runs/ablation")
     parser.add_argument("--summarize", action="store_true", help="run nothing: tabulate the finished runs found under --out")
     parser.add_argument("--estimator", choices=["transition", "matching"], help="grpo.estimator for every rung (default: the config's)")
+    parser.add_argument(
+        "--positions",
+        choices=["unknown"],
+        help="score every still-unknown position in every rung (the upstream code's likelihood), not the rung's own positions",
+    )
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     if args.estimator:
@@ -212,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
                 if (run_dir / "summary.json").is_file():
                     results.setdefault(rung, []).append(json.loads((run_dir / "summary.json").read_text()))
                 continue
-            results.setdefault(rung, []).append(run_one(args.config, args.overrides, rung, seed, run_dir))
+            results.setdefault(rung, []).append(run_one(args.config, args.overrides, rung, seed, run_dir, args.positions))
     if not results:
         raise SystemExit(f"margrpo ablate: no finished runs under {out} for rungs {args.rungs} and seeds {args.seeds}")
     table = format_table(results)
