@@ -13,6 +13,7 @@ from margrpo.config import ConfigError
 from margrpo.rewards import Reward, register
 from margrpo.rollout import generate
 from margrpo.train import diagnostics
+from margrpo.train.step import record_plan, step_prompts
 from margrpo.train.trainer import Trainer
 
 
@@ -46,8 +47,8 @@ def make(tmp_path, checkpoint, *extra) -> Trainer:
 
 
 def rollout_of(trainer):
-    prompts, seeds, _ = trainer._step_prompts(0)
-    return generate(trainer.policy, prompts, trainer.config.rollout, seeds, sampler=trainer.sampler, plan=trainer._plan(0))
+    prompts, seeds, _ = step_prompts(trainer, 0)
+    return generate(trainer.policy, prompts, trainer.config.rollout, seeds, sampler=trainer.sampler, plan=record_plan(trainer, 0))
 
 
 def test_recorded_logp_error_is_rounding_and_sees_a_wrong_record(tmp_path, tiny_checkpoint):
@@ -114,7 +115,7 @@ def test_category_prompt_mix_trains_every_category_equally_often(tmp_path, tiny_
 
     def draws(mix):
         trainer = make(tmp_path, tiny_checkpoint, f"run.train_prompt_mix={mix}", "grpo.prompts_per_step=50")
-        prompts = [p for step in range(8) for p in trainer._step_prompts(step)[0][:: trainer.config.grpo.group_size]]
+        prompts = [p for step in range(8) for p in step_prompts(trainer, step)[0][:: trainer.config.grpo.group_size]]
         return Counter(parse_prompt(p).category for p in prompts)
 
     uniform, balanced = draws("uniform"), draws("category")

@@ -16,7 +16,7 @@ from margrpo.models.tiny import TinyMAR
 from margrpo.rewards import Reward, register
 from margrpo.train import checkpoint as ckpt
 from margrpo.train.config import load_config
-from margrpo.train.step import TrainingStopped, group_advantages
+from margrpo.train.step import TrainingStopped, group_advantages, record_plan, step_prompts
 from margrpo.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,7 +118,7 @@ def test_update_raises_the_likelihood_of_above_average_samples(tmp_path, tiny_ch
     from margrpo.rollout import generate, rollout_logprob
 
     trainer = make(tmp_path, tiny_checkpoint, "optim.lr=1e-4", "grpo.kl_beta=0", "grpo.prompts_per_step=4")
-    prompts, seeds, _ = trainer._step_prompts(0)
+    prompts, seeds, _ = step_prompts(trainer, 0)
     captured = {}
     original = trainer.reward
 
@@ -129,7 +129,7 @@ def test_update_raises_the_likelihood_of_above_average_samples(tmp_path, tiny_ch
 
     trainer.reward = remember
     trainer.policy.eval()
-    rollout = generate(trainer.policy, prompts, trainer.config.rollout, seeds, sampler=trainer.sampler, plan=trainer._plan(0))
+    rollout = generate(trainer.policy, prompts, trainer.config.rollout, seeds, sampler=trainer.sampler, plan=record_plan(trainer, 0))
     trainer.train_step()
     advantages = group_advantages(trainer, captured["rewards"], prompts)
     with torch.no_grad():

@@ -14,6 +14,7 @@ from conftest import make_small_trainer, make_tiny_checkpoint
 from margrpo.grpo import update
 from margrpo.rewards import Reward, register
 from margrpo.train import step as step_module
+from margrpo.train.step import record_plan, step_prompts
 from margrpo.train.trainer import Trainer
 
 LR = 1e-3
@@ -158,12 +159,12 @@ def test_a_trained_head_gets_its_own_learning_rate(tmp_path, tiny_checkpoint, he
 
 def test_every_step_draws_new_noise_and_prompts(tmp_path, tiny_checkpoint):
     trainer = make(tmp_path, tiny_checkpoint)
-    draws = [trainer._step_prompts(step) for step in range(4)]
+    draws = [step_prompts(trainer, step) for step in range(4)]
     seeds = [s for _, step_seeds, _ in draws for s in step_seeds]
     assert len(set(seeds)) == len(seeds) == 4 * 8  # no two samples of any step share a seed
     assert len({tuple(prompts) for prompts, _, _ in draws}) > 1
-    assert draws[2] == trainer._step_prompts(2)  # reproducible per step (resume)
-    plans = {repr(trainer._plan(step)) for step in range(4)}
+    assert draws[2] == step_prompts(trainer, 2)  # reproducible per step (resume)
+    plans = {repr(record_plan(trainer, step)) for step in range(4)}
     assert len(plans) > 1
 
 
