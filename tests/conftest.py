@@ -172,3 +172,19 @@ def make_small_trainer(tmp_path, checkpoint, *overrides):
         "run.threads=1",
     ]
     return Trainer(load_config(None, [*base, *overrides]), create_run_dir=False)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_script(relative_path: str, name: str):
+    """The module of a script under the repository root (scripts/, benchmarks/: folders, not
+    packages), registered in sys.modules as `name` (dataclasses look their module up while built)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / relative_path)
+    assert spec is not None and spec.loader is not None, relative_path
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

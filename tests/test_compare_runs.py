@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "compare_runs.py"
+from conftest import load_script
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("compare_runs", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/compare_runs.py", "compare_runs")
 
 
 def _write_run(root: Path, seed: int, curve: dict[int, float], kl: float, finished: bool = True) -> None:

@@ -8,7 +8,6 @@ shared rollout and trainer.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from functools import partial
@@ -18,6 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import load_script
 from margrpo.models import harmon
 from margrpo.models.base import MARBackbone
 from margrpo.models.harmon.mar import MAR, Block
@@ -555,12 +555,8 @@ def test_configs_load(name, tiny_dir):
 @pytest.fixture(scope="module")
 def bench():
     """benchmarks/gpu/harmon.py (a script directory, not a package)."""
-    spec = importlib.util.spec_from_file_location("harmon_bench", ROOT / "benchmarks" / "gpu" / "harmon.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+    yield load_script("benchmarks/gpu/harmon.py", "harmon_bench")
+    del sys.modules["harmon_bench"]
 
 
 def test_gpu_benchmark_runs_tiny_on_cpu(bench, tmp_path):

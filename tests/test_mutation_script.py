@@ -9,18 +9,15 @@ does that (and every run does it first), so editing a mutated line never fails C
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
-spec = importlib.util.spec_from_file_location("mutation_test", ROOT / "scripts" / "mutation_test.py")
-mt = importlib.util.module_from_spec(spec)
-sys.modules["mutation_test"] = mt  # dataclasses look their module up while the class is built
-spec.loader.exec_module(mt)
+mt = load_script("scripts/mutation_test.py", "mutation_test")
 
 ISSUE_19_SURVIVORS = (
     "mte_least_uncertain",

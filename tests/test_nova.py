@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -18,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from conftest import load_script
 from margrpo.diffusion import DDPMSampler, FlowSDESampler
 from margrpo.models import nova
 from margrpo.models.base import MARBackbone
@@ -475,9 +475,7 @@ def test_configs_load_with_the_recipes(tiny_dir):
 
 
 def test_gpu_benchmark_runs_at_tiny_size(tmp_path):
-    spec = importlib.util.spec_from_file_location("nova_gpu_bench", ROOT / "benchmarks" / "gpu" / "nova.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("benchmarks/gpu/nova.py", "nova_gpu_bench")
     result = module.run(tmp_path, tiny=True)
     assert json.loads((tmp_path / "nova.json").read_text()) == json.loads(json.dumps(result))
     assert {(r["what"], r["path"]) for r in result["rows"]} == {(w, p) for w in ("rollout", "grpo_step") for p in ("fused", "reference")}

@@ -2,25 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import make_small_trainer, make_tiny_checkpoint
+from conftest import load_script, make_small_trainer, make_tiny_checkpoint
 from margrpo.train import checkpoint as ckpt
 
 SMALL = ["rollout.num_mask_steps=4", "rollout.record_mask_steps=2", "rollout.record_diffusion_steps=2"]
 SMALL += ["grpo.prompts_per_step=2", "grpo.group_size=2"]
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "policy_drift.py"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("policy_drift", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/policy_drift.py", "policy_drift")
 
 
 @pytest.fixture(scope="module")

@@ -7,14 +7,13 @@ Slow (first run builds three venvs of about 6 GB each under $MARGRPO_ORACLE_CACH
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 pytestmark = [pytest.mark.slow, pytest.mark.oracle]
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "reward_oracle.py"
 # Largest |official - margrpo| allowed, relative to the largest |official score|. hps sees the same
 # pixels after the same float transform (float32 noise). The others resize with PIL on uint8 in the
 # official code and on float tensors in margrpo: uint8 rounding of the resized image, about 1e-3 of
@@ -26,9 +25,7 @@ RELATIVE_TOLERANCE = {"hps": 1e-5, "image_reward": 3e-3, "clipscore": 3e-3, "git
 
 @pytest.fixture(scope="module")
 def oracle_results(tmp_path_factory):
-    spec = importlib.util.spec_from_file_location("reward_oracle", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("scripts/reward_oracle.py", "reward_oracle")
     out = tmp_path_factory.mktemp("oracle") / "results.json"
     cache = Path(os.environ.get("MARGRPO_ORACLE_CACHE", Path.home() / ".cache" / "margrpo-oracle"))
     assert module.main(["--cache-dir", str(cache), "--json", str(out), "--markdown", str(out.with_suffix(".md"))]) == 0

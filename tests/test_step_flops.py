@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
+from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("step_flops", ROOT / "scripts" / "step_flops.py")
-step_flops = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(step_flops)
+step_flops = load_script("scripts/step_flops.py", "step_flops")
 
 SMALL = [
     "grpo.prompts_per_step=1",

@@ -4,19 +4,15 @@ hook removed afterwards even when the callable raises, and the split by file."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 import threading
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
-spec = importlib.util.spec_from_file_location("step_profile", ROOT / "scripts" / "step_profile.py")
-assert spec is not None and spec.loader is not None
-step_profile = importlib.util.module_from_spec(spec)
-sys.modules["step_profile"] = step_profile  # dataclasses look their module up while the class is built
-spec.loader.exec_module(step_profile)
+step_profile = load_script("scripts/step_profile.py", "step_profile")
 
 
 def _square(x):
