@@ -14,7 +14,6 @@ from margrpo import ops
 from margrpo.grpo import GRPOConfig, update
 from margrpo.grpo.objective import chunk_loss
 from margrpo.rollout import RecordPlan, RolloutConfig, generate, rollout_logprob
-from margrpo.rollout.record import head_to_rollout, rollout_to_head
 
 F64 = torch.float64
 PROMPTS = ["a red circle", "a blue square", "a red circle", "a green triangle"]
@@ -221,14 +220,32 @@ def test_token_weights_sum_to_one_and_sum_aggregation_keeps_the_weights():
 
 
 # ---------------------------------------------------------------- the rollout's bookkeeping
-def test_head_and_rollout_layouts_are_inverse_and_index_l_as_documented():
-    R, T, B, P, C = 3, 2, 4, 5, 2
-    head = torch.randn(R, T, B * P, C)
-    rolled = head_to_rollout(head, B, P)
-    assert rolled.shape == (T, B, R * P, C)
-    for r, t, b, p in [(0, 0, 0, 0), (2, 1, 3, 4), (1, 0, 2, 3)]:
-        assert torch.equal(rolled[t, b, r * P + p], head[r, t, b * P + p])
-    assert torch.equal(rollout_to_head(rolled, R, P), head)
+@pytest.mark.parametrize("known_mask", ["pre_step", "post_step"])
+def test_recorded_transitions_index_l_as_documented(tiny, known_mask):
+    """l = offset_j + r * P_j + p: with consecutive recorded diffusion steps every chain continues
+    from r to r + 1 at the same (trajectory, image, position), and each step's part of L holds
+    R x P_j transitions."""
+    model, sampler = tiny
+    plan = RecordPlan(mask_steps=(0, 2, 3), diffusion_steps=((0, 1), (1, 2), (2, 3)))
+    config = RolloutConfig(
+        num_mask_steps=5,
+        schedule="harmon",
+        cfg_scale=2.5,
+        num_seeds=2,
+        record_mask_steps=3,
+        likelihood_positions="unknown",
+        known_mask=known_mask,
+    )
+    rollout = generate(model, PROMPTS, config, [11, 12, 13, 14], sampler=sampler, plan=plan)
+    T, B, L = rollout.logp.shape
+    for j in range(3):
+        P = rollout.step_positions_count(j)
+        part = rollout.l_slice(j)
+        assert part.stop - part.start == 2 * P
+        x_t, x_prev = (values[:, :, part].unflatten(2, (2, P)) for values in (rollout.x_t, rollout.x_prev))
+        torch.testing.assert_close(x_prev[:, :, 0], x_t[:, :, 1], rtol=0, atol=0)  # step r's output is step r + 1's input
+        assert not torch.equal(x_t[:, :, 0], x_t[:, :, 1])
+    assert L == 2 * sum(rollout.step_positions_count(j) for j in range(3)) and T == 3
 
 
 def test_rollout_chunks_committed_masks_and_update_values(tiny):

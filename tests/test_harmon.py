@@ -576,5 +576,5 @@ def test_benchmark_reference_rollout_keeps_all_tokens_at_recorded_steps(bench, t
     plan = choose_plan(mask_schedule(36, 4, "harmon"), sampler, 2, 2, torch.Generator().manual_seed(0))
     images, kept, seeds = bench.reference_rollout(tiny, PROMPTS[:2], config, sampler, plan, torch.Generator().manual_seed(1))
     assert images.shape == (2, 3, 12, 12) and sorted(kept) == [0, 1]
-    assert all(out.x_t.shape == (2, 1, 2 * 36, 16) for _, _, out in kept.values())
-    assert seeds.x_t.shape == (sampler.num_steps, 2, 2 * 36, 16)
+    assert all(out.x_t.shape == (1, 2, 2 * 36, 16) for _, _, out in kept.values())
+    assert seeds.x_t.shape == (2, sampler.num_steps, 2 * 36, 16)

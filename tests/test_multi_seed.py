@@ -21,6 +21,7 @@ from margrpo.heads import (
     denoise_logprob,
     multi_seed_denoise,
     reinit_zero_layers_,
+    transitions_logprob,
 )
 from margrpo.heads.noise import resolve_noise
 from margrpo.heads.upstream import eager_denoise_logprob, eager_multi_seed_denoise
@@ -92,10 +93,10 @@ def test_fused_equals_eager_per_seed(case, guided, num_seeds):
     fused = multi_seed_denoise(head, z, sampler, num_seeds, cfg=cfg, noise=noise, record_steps=record, backend="torch")
     eager = eager_multi_seed_denoise(head, z, sampler, num_seeds, noise, cfg=cfg, record_steps=record)
     assert fused.x0.shape == (num_seeds + 1, tokens, head.in_channels)
-    assert fused.x_t.shape == (3, num_seeds + 1, tokens, head.in_channels) and fused.logp.shape == (3, num_seeds + 1, tokens)
+    assert fused.x_t.shape == (num_seeds + 1, 3, tokens, head.in_channels) and fused.logp.shape == (num_seeds + 1, 3, tokens)
     _assert_same(fused, eager)
-    torch.testing.assert_close(fused.x_t[0], noise[0])  # trajectories start from noise[0]
-    assert torch.isfinite(fused.logp).all() and (fused.logp[:2] != 0).all()
+    torch.testing.assert_close(fused.x_t[:, 0], noise[0])  # trajectories start from noise[0]
+    assert torch.isfinite(fused.logp).all() and (fused.logp[:, :2] != 0).all()
 
 
 @pytest.fixture
@@ -207,6 +208,54 @@ def test_denoise_logprob_returns_sampler_means():
     torch.testing.assert_close(logp, record.logp, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("guided", [False, True], ids=["nocfg", "cfg"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_images_layout_is_the_flat_record_split_by_image(case, guided):
+    """images=B records [K+1, B, R, P, ...] = the flat [K+1, R, B*P, ...] record with its tokens split
+    by image, and transitions_logprob scores that layout (and a strided view of it) the same way."""
+    make, make_sampler, guidance = CASES[case]
+    head, sampler = make(), make_sampler()
+    cfg = guidance if guided else None
+    B, P, K = 3, 2, 2
+    z, noise = _inputs(head, B * P, K, cfg, seed=4)
+    steps = [i for i in range(T) if not sampler.is_deterministic(i)][:3]
+    flat = multi_seed_denoise(head, z, sampler, K, cfg=cfg, noise=noise, record_steps=steps)
+    split = multi_seed_denoise(head, z, sampler, K, cfg=cfg, noise=noise, record_steps=steps, images=B)
+    assert split.x_t.shape == (K + 1, B, len(steps), P, head.in_channels) and split.logp.shape == (K + 1, B, len(steps), P)
+    torch.testing.assert_close(split.x0, flat.x0, rtol=0, atol=0)
+    for name in ("x_t", "x_prev", "mean", "std", "logp"):
+        want = getattr(flat, name).unflatten(2, (B, P)).movedim(2, 1)
+        torch.testing.assert_close(getattr(split, name), want, rtol=0, atol=0, msg=lambda m: f"{name}: {m}")
+
+    z_new = (z + 0.1 * torch.randn(z.shape, generator=torch.Generator().manual_seed(3), dtype=F64)).requires_grad_()
+    logp, mean = transitions_logprob(head, z_new, sampler, steps, split.x_t, split.x_prev, cfg=cfg, return_mean=True)
+    want_logp, want_mean = denoise_logprob(head, z_new, sampler, flat, cfg=cfg, return_mean=True)
+    torch.testing.assert_close(logp, want_logp.unflatten(2, (B, P)).movedim(2, 1), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(mean, want_mean.unflatten(2, (B, P)).movedim(2, 1), rtol=1e-12, atol=1e-12)
+    (grad,) = torch.autograd.grad(logp.sum(), z_new)
+    (want_grad,) = torch.autograd.grad(want_logp.sum(), z_new)
+    torch.testing.assert_close(grad, want_grad, rtol=1e-10, atol=1e-12)
+    # a rollout hands the head a strided slice of its [T, B, L, C] record, viewed per step
+    wide = torch.cat([split.x_t.flatten(2, 3), torch.full_like(split.x_t.flatten(2, 3), float("nan"))], 2)
+    view = wide[:, :, : len(steps) * P].unflatten(2, (len(steps), P))
+    assert not view.is_contiguous()
+    torch.testing.assert_close(
+        transitions_logprob(head, z, sampler, steps, view, split.x_prev, cfg=cfg), split.logp, rtol=1e-10, atol=1e-10
+    )
+
+
+def test_images_must_divide_the_tokens():
+    head, sampler = _nova(), DDPMSampler(T)
+    z, noise = _inputs(head, 6, 1, None)
+    for bad in (4, 0, True, 2.0):
+        with pytest.raises(ValueError, match="images: got"):
+            multi_seed_denoise(head, z, sampler, 1, noise=noise, images=bad)
+    record = multi_seed_denoise(head, z, sampler, 1, noise=noise, record_steps=(0, 1), images=2)
+    assert record.x_t.shape == (2, 2, 2, 3, 4)
+    with pytest.raises(ValueError, match=r"x_t: got shape \(2, 1, 2, 3, 4\).*with B \* P = 6"):
+        transitions_logprob(head, z, sampler, (0, 1), record.x_t[:, :1], record.x_prev[:, :1])
+
+
 # ------------------------------------------------------------------ noise
 def test_generator_noise_is_reproducible_and_matches_explicit_noise():
     head, sampler = _nova(), DDPMSampler(T)
@@ -312,7 +361,7 @@ def test_no_recorded_steps_gives_empty_records():
     head, sampler = _nova(), DDPMSampler(T)
     z, noise = _inputs(head, 3, 1, None)
     out = multi_seed_denoise(head, z, sampler, 1, noise=noise)
-    assert out.steps == () and out.x_t.shape == (0, 2, 3, 4) and out.logp.shape == (0, 2, 3)
+    assert out.steps == () and out.x_t.shape == (2, 0, 3, 4) and out.logp.shape == (2, 0, 3)
     assert torch.isfinite(out.x0).all()
     single = out.to(torch.float32)
     assert single.x0.dtype == torch.float32 and single.steps == () and torch.equal(single.x0, out.x0.float())

@@ -150,14 +150,14 @@ def reference_rollout(model, prompts: list[str], config: RolloutConfig, sampler,
     seeds = MultiSeedSamples(
         torch.cat([c.x0 for c in chains]),
         chains[0].steps,
-        *(torch.cat([getattr(c, f) for c in chains], 1) for f in ("x_t", "x_prev", "mean", "std", "logp")),
+        *(torch.cat([getattr(c, f) for c in chains], 0) for f in ("x_t", "x_prev", "mean", "std", "logp")),
     )
     return model.decode(canvas), kept, seeds
 
 
 def _subset(record: MultiSeedSamples, steps: tuple[int, ...]) -> MultiSeedSamples:
     rows = [record.steps.index(i) for i in steps]
-    picked = {f: getattr(record, f)[rows] for f in ("x_t", "x_prev", "mean", "std", "logp")}
+    picked = {f: getattr(record, f)[:, rows] for f in ("x_t", "x_prev", "mean", "std", "logp")}
     return MultiSeedSamples(record.x0, tuple(steps), **picked)
 
 
@@ -194,14 +194,14 @@ def reference_update(
         records = [
             main,
             *(
-                _subset(dataclasses.replace(seeds, x_t=seeds.x_t[:, k : k + 1], x_prev=seeds.x_prev[:, k : k + 1]), plan.diffusion_steps[j])
-                for k in range(seeds.x_t.shape[1])
+                _subset(dataclasses.replace(seeds, x_t=seeds.x_t[k : k + 1], x_prev=seeds.x_prev[k : k + 1]), plan.diffusion_steps[j])
+                for k in range(seeds.x_t.shape[0])
             ),
         ]
         for record in records:  # one Python loop per trajectory, as the reference scores its seeds
-            logp = eager_denoise_logprob(model.head, z_leaf, sampler, record)[:, 0]  # [R, B*N]
+            logp = eager_denoise_logprob(model.head, z_leaf, sampler, record)[0]  # [R, B*N]
             with torch.no_grad():
-                ref_logp = eager_denoise_logprob(reference.head, z_ref, sampler, record)[:, 0]
+                ref_logp = eager_denoise_logprob(reference.head, z_ref, sampler, record)[0]
             delta = ref_logp - logp
             kl = torch.exp(delta) - delta - 1
             loss = (-(torch.exp(logp - logp.detach()) * adv) + kl_beta * kl).mean() / len(records)

@@ -172,7 +172,7 @@ def nova_reference_update(
     for canvas, known, record in records:
         optimizer.zero_grad(set_to_none=True)
         z = policy.forward_z(policy.encode_prompts(prompts), canvas, known).reshape(B * N, -1)
-        logp = eager_denoise_logprob(policy.head, z, sampler, record)  # [R, K+1, B*N]
+        logp = eager_denoise_logprob(policy.head, z, sampler, record)  # [K+1, R, B*N]
         weight = (~known).reshape(1, 1, B * N).float()
         per_image = (logp * weight).reshape(*logp.shape[:2], B, N).sum((0, 1, 3)) / weight.sum().clamp(min=1)
         loss = -(advantages * per_image).mean()

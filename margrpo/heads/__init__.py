@@ -8,7 +8,7 @@ Heads (official parameter names):
   adapt(module)                     another codebase's head module, wrapped without copying it
 Sampling and training:
   multi_seed_denoise(head, z, sampler, num_seeds, cfg, ...) -> MultiSeedSamples
-  denoise_logprob(head, z, sampler, record, cfg)            -> [R, K+1, N] with grad to z
+  denoise_logprob(head, z, sampler, record, cfg)            -> [K+1, R, N] with grad to z
   transitions_logprob(head, z, sampler, steps, x_t, x_prev)  the same from the recorded tensors alone
   Guidance (CFG), CounterNoise (batch-independent noise)
   GraphedMultiSeed                                          the same, T-step loop in a CUDA graph

@@ -11,6 +11,7 @@ Samplers follow docs/CONTRACTS.md (num_steps, model_time(i), out_channels(C), st
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 
 import torch
@@ -26,8 +27,10 @@ class MultiSeedSamples:
 
     x0: [K+1, N, C] final clean tokens.
     steps: the recorded diffusion step indices (ascending), R of them.
-    x_t, x_prev, mean, std: [R, K+1, N, C] (std expanded to full shape); logp: [R, K+1, N]
-    (sum over channels; zeros on deterministic steps). fp32 (fp64 when z is fp64).
+    x_t, x_prev, mean, std: [K+1, R, N, C] (std expanded to full shape); logp: [K+1, R, N] (sum over
+    channels; zeros on deterministic steps). When the call split its N tokens into `images` B images
+    of P tokens (image-major), [K+1, B, R, P, C] and [K+1, B, R, P]: trajectory, image, diffusion
+    step, token, the layout of a rollout's record (margrpo.rollout.record). fp32 (fp64 when z is fp64).
     """
 
     x0: torch.Tensor
@@ -100,6 +103,7 @@ def multi_seed_denoise(
     noise=None,
     backend: str | None = None,
     cuda_graph: bool = False,
+    images: int | None = None,
 ) -> MultiSeedSamples:
     """Sample the main chain and `num_seeds` seed chains of N tokens in one batched pass (no grad).
 
@@ -117,6 +121,8 @@ def multi_seed_denoise(
         cuda_graph: replay the T-step loop from a captured CUDA graph when nothing is recorded
             (`rollout.cuda_graph`; margrpo.heads.cuda_graph.graphed_denoise): CUDA tensors only, an
             error naming that key otherwise; calls that record transitions run uncaptured.
+        images: B, when the N tokens are B images' P = N / B tokens each (image-major): the recorded
+            transitions come out [K+1, B, R, P, ...] (a rollout's layout) instead of [K+1, R, N, ...].
     """
     if isinstance(num_seeds, bool) or not isinstance(num_seeds, int) or num_seeds < 0:
         raise ValueError(f"num_seeds: got {num_seeds!r}, expected an int >= 0")
@@ -130,13 +136,21 @@ def multi_seed_denoise(
         from .cuda_graph import graphed_denoise
 
         graphed = graphed_denoise(head, z, sampler, num_seeds, cfg, steps, temperature, noise, generator, backend)
-        if graphed is not None:
-            return graphed
+        if graphed is not None:  # its (empty) records in the layout `images` asks for
+            return graphed if images is None else _split_images(graphed, images)
     tokens, channels = rows.shape[-2], head.in_channels
+    if images is not None and (isinstance(images, bool) or not isinstance(images, int) or images < 1 or tokens % images):
+        raise ValueError(f"images: got {images!r}, expected None or an int >= 1 that divides the {tokens} tokens")
     eps = resolve_noise(noise, generator, (num_steps + 1, num_seeds + 1, tokens, channels), _acc_dtype(z), z.device)
 
     with torch.no_grad():
-        return run_chains(head, rows, sampler, eps, steps, cfg, temperature, backend)
+        return run_chains(head, rows, sampler, eps, steps, cfg, temperature, backend, images)
+
+
+def _split_images(samples: MultiSeedSamples, images: int) -> MultiSeedSamples:
+    """Records [K+1, R, N, ...] -> [K+1, B, R, P, ...] for N = images x P tokens."""
+    split = {name: getattr(samples, name).unflatten(2, (images, -1)).movedim(2, 1) for name in _RECORDED}
+    return MultiSeedSamples(x0=samples.x0, steps=samples.steps, **split)
 
 
 def step_times(sampler, steps, device: torch.device) -> torch.Tensor:
@@ -155,10 +169,11 @@ def run_chains(
     cfg: Guidance | None,
     temperature: float,
     backend: str | None,
+    images: int | None = None,
 ) -> MultiSeedSamples:
     """The batched T-step loop of multi_seed_denoise on validated inputs: rows = z as [N, Dz] or
-    [2, N, Dz], eps [T+1, K+1, N, C] in the trajectory dtype. Nothing in the loop waits for the
-    device: the head times are views of the sampler's device table."""
+    [2, N, Dz], eps [T+1, K+1, N, C] in the trajectory dtype, images B or None. Nothing in the loop
+    waits for the device: the head times are views of the sampler's device table."""
     acc = eps.dtype
     recorded: dict[str, list[torch.Tensor]] = {name: [] for name in _RECORDED}
     cond = head.embed_condition(rows)  # independent of the step: once for all T steps
@@ -173,15 +188,21 @@ def run_chains(
             for name, value in zip(_RECORDED, (x, step.x_prev, step.mean, std, step.logp)):
                 recorded[name].append(value)
         x = step.x_prev
-    full = tuple(eps.shape[1:])
-    stacked = {name: _stack(values, full[:-1] if name == "logp" else full, acc, x.device) for name, values in recorded.items()}
+    trajectories, N, C = eps.shape[1:]
+    tokens = (trajectories, N) if images is None else (trajectories, images, N // images)
+    stacked = {
+        name: _stack(values, tokens if name == "logp" else (*tokens, C), len(tokens) - 1, acc, x.device)
+        for name, values in recorded.items()
+    }
     return MultiSeedSamples(x0=x, steps=steps, **stacked)
 
 
-def _stack(values: list[torch.Tensor], shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
+def _stack(values: list[torch.Tensor], shape: tuple[int, ...], axis: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """The R per-step records [K+1, N(, C)], each viewed as `shape` = [K+1, *images, P(, C)] -> the
+    step axis inserted at `axis`, right before the token axis: [K+1, *images, R, P(, C)]."""
     if values:
-        return torch.stack([v.to(dtype) for v in values])
-    return torch.empty((0, *shape), dtype=dtype, device=device)
+        return torch.stack([v.to(dtype).reshape(shape) for v in values], axis)
+    return torch.empty((*shape[:axis], 0, *shape[axis:]), dtype=dtype, device=device)
 
 
 def denoise_logprob(
@@ -194,7 +215,7 @@ def denoise_logprob(
     backend: str | None = None,
     return_mean: bool = False,
 ):
-    """Log-probs [R, K+1, N] of the recorded transitions of `record` (multi_seed_denoise's result)
+    """Log-probs [K+1, R, N] ([K+1, B, R, P]) of the recorded transitions of `record` (multi_seed_denoise's result)
     under a new z (training recomputation): transitions_logprob on its steps, x_t and x_prev."""
     return transitions_logprob(
         head,
@@ -222,12 +243,14 @@ def transitions_logprob(
     backend: str | None = None,
     return_mean: bool = False,
 ):
-    """Log-probs [R, K+1, N] of the transitions x_t -> x_prev [R, K+1, N, C] at diffusion `steps` (R
-    ascending indices) under condition z.
+    """Log-probs of the transitions x_t -> x_prev at diffusion `steps` (R ascending indices) under
+    condition z [N, Dz] ([2N, Dz] = [cond; uncond] with guidance). x_t, x_prev: [K+1, R, N, C], or
+    [K+1, B, R, P, C] for N = B * P tokens of B images (z's rows image-major; a rollout's layout,
+    read as a view) -> logp [K+1, R, N] or [K+1, B, R, P].
 
     Gradients flow to z through the head (whose parameters may be frozen: requires_grad False keeps
     the graph to z). All R steps go through the head in one batched call; x_t / x_prev are treated
-    as data. With return_mean, also the sampler means [R, K+1, N, C] (e.g. for a Gaussian KL against
+    as data. With return_mean, also the sampler means, x_t's shape (e.g. for a Gaussian KL against
     a reference policy).
     """
     rows = _condition_rows(head, z, cfg)
@@ -235,21 +258,36 @@ def transitions_logprob(
     steps = _check_steps(steps, sampler.num_steps)
     acc = _acc_dtype(z)
     x_t, x_prev = x_t.detach().to(acc), x_prev.detach().to(acc)
-    if x_t.dim() != 4 or x_t.shape[0] != len(steps) or x_t.shape[2] != rows.shape[-2]:
-        raise ValueError(f"x_t: got shape {tuple(x_t.shape)}, expected [R={len(steps)}, K+1, N={rows.shape[-2]}, C]")
+    R, N = len(steps), rows.shape[-2]
+    images = tuple(x_t.shape[1:-3])
+    if x_t.dim() not in (4, 5) or x_t.shape[-3] != R or math.prod(images) * x_t.shape[-2] != N:
+        raise ValueError(f"x_t: got shape {tuple(x_t.shape)}, expected [K+1, R={R}, N={N}, C] or [K+1, B, R={R}, P, C] with B * P = {N}")
     if x_prev.shape != x_t.shape:
         raise ValueError(f"x_prev: got shape {tuple(x_prev.shape)}, expected {tuple(x_t.shape)} like x_t")
     if not steps:
         empty = x_t.new_zeros(x_t.shape[:-1])
         return (empty, x_t.clone()) if return_mean else empty
 
-    cond = head.embed_condition(rows)
-    # [R] -> [R, 1, (1,) 1]: the step axis leads, then a singleton that broadcasts over trajectories
-    times = step_times(sampler, steps, z.device).reshape(len(steps), *([1] * cond.dim()))
-    out = guided_output(head, head.modulation(cond, times), x_t, cfg, backend).to(acc)  # [R, K+1, N, out]
-    logps = [sampler.logprob(x_prev[r], out[r], x_t[r], i, temperature) for r, i in enumerate(steps)]
-    logp = torch.stack(logps)
+    out = transition_outputs(head, rows, sampler, steps, x_t, cfg, backend)
+    per_step = [(x_prev.select(-3, r), out.select(-3, r), x_t.select(-3, r), i) for r, i in enumerate(steps)]
+    logp = torch.stack([sampler.logprob(x_p, o, x, i, temperature) for x_p, o, x, i in per_step], -2)
     if not return_mean:
         return logp
-    means = torch.stack([sampler.mean_std(out[r], x_t[r], i, temperature)[0] for r, i in enumerate(steps)])
+    means = torch.stack([sampler.mean_std(o, x, i, temperature)[0] for _, o, x, i in per_step], -3)
     return logp, means
+
+
+def transition_outputs(
+    head, rows: torch.Tensor, sampler, steps: tuple[int, ...], x_t: torch.Tensor, cfg: Guidance | None, backend: str | None = None
+) -> torch.Tensor:
+    """The head's (guided) outputs for recorded transitions x_t [K+1, *images, R, P, C] at diffusion
+    `steps`, all R in one call, on validated inputs (rows: z as [N, Dz] or [2, N, Dz], N = images x P)
+    -> [K+1, *images, R, P, out] in x_t's dtype."""
+    images = x_t.shape[1:-3]
+    # the modulation [*images, R, (2,) P, W] broadcasts against x_t's axes after the trajectory axis
+    cond = head.embed_condition(rows).unflatten(-2, (*images, x_t.shape[-2]))  # [(2,) *images, P, W]
+    if cfg is not None:
+        cond = cond.movedim(0, -3)
+    cond = cond.unsqueeze(len(images))  # the step axis
+    times = step_times(sampler, steps, rows.device).reshape(len(steps), *([1] * (cond.dim() - len(images) - 2)))
+    return guided_output(head, head.modulation(cond, times), x_t, cfg, backend).to(x_t.dtype)

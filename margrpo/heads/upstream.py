@@ -53,11 +53,11 @@ def eager_multi_seed_denoise(
             finals.append(x)
             per_traj.append(kept)
     fields = []
-    for j in range(5):  # x_t, x_prev, mean, std, logp: [R, K+1, ...]
+    for j in range(5):  # x_t, x_prev, mean, std, logp: [K+1, R, ...]
         if steps:
-            fields.append(torch.stack([torch.stack([kept[r][j] for kept in per_traj]) for r in range(len(steps))]))
+            fields.append(torch.stack([torch.stack([step[j] for step in kept]) for kept in per_traj]))
         else:
-            shape = (0, num_seeds + 1, *finals[0].shape[: 1 if j == 4 else 2])
+            shape = (num_seeds + 1, 0, *finals[0].shape[: 1 if j == 4 else 2])
             fields.append(torch.empty(shape, dtype=acc, device=z.device))
     return MultiSeedSamples(torch.stack(finals), steps, *fields)
 
@@ -65,14 +65,15 @@ def eager_multi_seed_denoise(
 def eager_denoise_logprob(
     head, z: torch.Tensor, sampler, record: MultiSeedSamples, cfg: Guidance | None = None, temperature: float = 1.0
 ) -> torch.Tensor:
-    """Same contract as denoise_logprob: a loop over recorded steps and trajectories, with grad to z."""
+    """Same contract as denoise_logprob on a [K+1, R, N, C] record: a loop over trajectories and
+    recorded steps, with grad to z."""
     acc = _acc_dtype(z)
-    rows = []
-    for r, i in enumerate(record.steps):
-        per_traj = []
-        for k in range(record.x_t.shape[1]):
-            x_t = record.x_t[r, k].detach().to(acc)
+    trajectories = []
+    for k in range(record.x_t.shape[0]):
+        per_step = []
+        for r, i in enumerate(record.steps):
+            x_t = record.x_t[k, r].detach().to(acc)
             out = _official_output(head, x_t, sampler.model_time(i), z, cfg).to(acc)
-            per_traj.append(sampler.logprob(record.x_prev[r, k].detach().to(acc), out, x_t, i, temperature))
-        rows.append(torch.stack(per_traj))
-    return torch.stack(rows)
+            per_step.append(sampler.logprob(record.x_prev[k, r].detach().to(acc), out, x_t, i, temperature))
+        trajectories.append(torch.stack(per_step))
+    return torch.stack(trajectories)

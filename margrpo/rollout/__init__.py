@@ -10,7 +10,7 @@ from .config import RolloutConfig
 from .generate import generate
 from .likelihood import RolloutLikelihood, rollout_logprob
 from .plan import RecordPlan, choose_plan
-from .record import Rollout, RolloutChunk, head_to_rollout, rollout_to_head
+from .record import Rollout, RolloutChunk
 from .schedule import effective_steps, harmon_schedule, mask_schedule, nova_schedule
 from .seeding import group_seeds, make_generators, mirror_pairs, sample_seed, shared_seed
 
@@ -24,13 +24,11 @@ __all__ = [
     "effective_steps",
     "generate",
     "group_seeds",
-    "head_to_rollout",
     "harmon_schedule",
     "make_generators",
     "mask_schedule",
     "nova_schedule",
     "rollout_logprob",
-    "rollout_to_head",
     "sample_seed",
     "shared_seed",
     "mirror_pairs",

@@ -23,7 +23,6 @@ from margrpo.heads import multi_seed_denoise
 
 from .guidance import PromptRows, head_condition
 from .post_step import score_transitions
-from .record import head_to_rollout
 
 
 class CommitChains:
@@ -73,9 +72,10 @@ class CommitChains:
                 record_steps=plan.diffusion_steps[j],
                 temperature=temperature,
                 noise=noise,
+                images=B,
             )
             dtype = records[j]["x_t"].dtype
-            x_t, x_prev = out.x_t[:, 1:].to(dtype), out.x_prev[:, 1:].to(dtype)
+            x_t, x_prev = out.x_t[1:].to(dtype), out.x_prev[1:].to(dtype)
             logp, mean, std = score_transitions(backbone.head, z_rows, sampler, plan.diffusion_steps[j], x_t, x_prev, guidance, temperature)
             for name, value in zip(("x_t", "x_prev", "logp", "mean", "std"), (x_t, x_prev, logp, mean, std)):
-                records[j][name][1:] = head_to_rollout(value.to(dtype), B, P)
+                records[j][name][1:] = value.to(dtype).flatten(2, 3)

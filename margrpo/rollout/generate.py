@@ -45,8 +45,8 @@ from .commit_chains import CommitChains
 from .config import RolloutConfig
 from .guidance import forward_rows, guidance_for, head_condition, prompt_rows
 from .plan import RecordPlan, choose_plan, stochastic_steps
-from .post_step import drop_committed, score_transitions
-from .record import RECORDED, Rollout, head_to_rollout
+from .post_step import score_transitions
+from .record import RECORDED, Rollout
 from .schedule import effective_steps, mask_schedule
 from .seeding import make_generators, plan_seed
 
@@ -279,6 +279,7 @@ class _Generation:
             temperature=config.temperature,
             noise=noise,
             cuda_graph=config.cuda_graph,
+            images=B,
         )
         x0 = out.x0.to(self.dtype).reshape(K + 1, B, P, C)
         committed = positions[:, :n]
@@ -298,17 +299,16 @@ class _Generation:
         self.start += n
 
     def _record(self, j: int, out, positions: torch.Tensor, n: int, scale: float, prediction) -> None:
-        """Keep recorded mask step j's transitions (in the rollout layout) and predictions."""
-        B = positions.shape[0]
+        """Keep recorded mask step j's transitions and predictions. The head recorded them as
+        [T, B, R, P, ...]; the rollout keeps each step's (R, P) flattened into its part of L."""
         self.cfg_scales[j] = scale
         drawn = {name: getattr(out, name).to(self.dtype) for name in RECORDED}
-        kept = positions
         if self.post_step:  # only the positions still unknown after the step; scored at the next step
-            drawn, kept = {name: drop_committed(v, B, n) for name, v in drawn.items()}, positions[:, n:]
+            drawn = {name: value[:, :, :, n:] for name, value in drawn.items()}
             # scoring replaces std; keep the one trajectory 0 was drawn with (likelihood_std recorded_main)
-            drawn["sampled_std"] = drawn["std"][:, :1]
-            self.pending = (j, kept, drawn) if kept.shape[1] else None  # the final step keeps none
-        self.records[j] = {name: head_to_rollout(value, B, kept.shape[1]) for name, value in drawn.items()}
+            drawn["sampled_std"] = drawn["std"][:1]
+            self.pending = (j, positions[:, n:], drawn) if positions.shape[1] > n else None  # the final step keeps none
+        self.records[j] = {name: value.flatten(2, 3) for name, value in drawn.items()}
         if self.keeps_predictions:
             self.predictions[j] = prediction
             self.previous_predictions[j] = torch.zeros_like(self.canvas) if self.last_prediction is None else self.last_prediction
@@ -327,8 +327,7 @@ class _Generation:
             guidance_for(self.config, self.cfg_scales[j]),
             self.config.temperature,
         )
-        B = later.shape[0]
-        self.records[j].update({name: head_to_rollout(value, B, later.shape[1]) for name, value in zip(("logp", "mean", "std"), scored)})
+        self.records[j].update({name: value.flatten(2, 3) for name, value in zip(("logp", "mean", "std"), scored)})
         self.pending = None
 
     def finish(self) -> Rollout:

@@ -21,7 +21,7 @@ from margrpo.heads import transitions_logprob
 from margrpo.models.base import check_backbone
 
 from .guidance import forward_rows, guidance_for, head_condition, prompt_rows
-from .record import Rollout, head_to_rollout, rollout_to_head
+from .record import Rollout
 
 LIKELIHOOD_CFG = ("rollout", "none")
 
@@ -72,12 +72,11 @@ def rollout_logprob(
     for j in steps:
         canvas, known = rollout.canvas_known(j)
         positions = rollout.positions(j)
-        P = positions.shape[1]
         z = forward_rows(backbone, rows, canvas, known, rollout.known_count(j))
         z_rows = head_condition(z, rows, positions)
         part = rollout.l_slice(j)
-        # only x_t and x_prev are read: the head batches them as [R, T, B * P_j, C]
-        x_t, x_prev = (rollout_to_head(values[:, :, part], R, P) for values in (rollout.x_t, rollout.x_prev))
+        # the step's part of L is its [R, P_j] transitions: the head reads it as a [T, B, R, P_j, C] view
+        x_t, x_prev = (values[:, :, part].unflatten(2, (R, positions.shape[1])) for values in (rollout.x_t, rollout.x_prev))
         logp, mean = transitions_logprob(
             backbone.head,
             z_rows,
@@ -89,8 +88,8 @@ def rollout_logprob(
             temperature=rollout.config.temperature,
             return_mean=True,
         )
-        logps.append(head_to_rollout(logp, B, P))
-        means.append(head_to_rollout(mean, B, P))
+        logps.append(logp.flatten(2, 3))
+        means.append(mean.flatten(2, 3))
         masks.append(committed[part].expand(B, -1))
     if not steps:
         T, C, empty = rollout.num_trajectories, rollout.tokens.shape[-1], rollout.tokens.new_zeros

@@ -5,7 +5,7 @@ scores only the positions still unknown after the step: the transitions the head
 the step (under the pre-step canvas; their samples never enter the image), evaluated under the
 post-step canvas. The post-step canvas is exactly what the next effective mask step's forward sees,
 so generate scores them there, with no extra backbone pass: it drops the step's committed positions
-from the record (`drop_committed`), keeps x_t and x_prev as drawn, and replaces mean, std and logp
+from the record, keeps x_t and x_prev as drawn, and replaces mean, std and logp
 with the policy's Gaussian under the next step's z (`score_transitions`), the same quantity
 rollout_logprob recomputes with gradient. The std trajectory 0 was drawn with (under the pre-step
 canvas) stays in the rollout as `sampled_std`: the reference trains with that one as a constant
@@ -16,16 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from margrpo.heads import Guidance, guided_output
-from margrpo.heads.multi_seed import step_times
-
-
-def drop_committed(values: torch.Tensor, B: int, committed: int) -> torch.Tensor:
-    """A head-layout record [R, T, B * P, ...] without the first `committed` positions of every image
-    -> [R, T, B * (P - committed), ...]."""
-    R, T, rows, tail = values.shape[0], values.shape[1], values.shape[2], values.shape[3:]
-    per_image = values.reshape(R, T, B, rows // B, *tail)[:, :, :, committed:]
-    return per_image.reshape(R, T, -1, *tail)
+from margrpo.heads import Guidance
+from margrpo.heads.multi_seed import transition_outputs
 
 
 @torch.no_grad()
@@ -39,22 +31,20 @@ def score_transitions(
     cfg: Guidance | None,
     temperature: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The policy's Gaussian for recorded transitions x_t -> x_prev [R, T, P, C] (R = len(steps)
-    diffusion steps, T trajectories) under condition rows z [P, Dz] ([2P, Dz] = [cond; uncond] with
-    guidance `cfg`) -> (logp [R, T, P], mean [R, T, P, C], std [R, T, P, C]) in x_t's dtype.
+    """The policy's Gaussian for recorded transitions x_t -> x_prev [T, B, R, P, C] (R = len(steps)
+    diffusion steps, T trajectories, B images) under condition rows z [B * P, Dz] ([2 B P, Dz] =
+    [cond; uncond] with guidance `cfg`) -> (logp [T, B, R, P], mean and std [T, B, R, P, C]) in
+    x_t's dtype.
 
-    The same head evaluation as margrpo.heads.denoise_logprob (all R steps in one head call), plus
-    the std, which a learned-range variance takes from the head output."""
-    acc = x_t.dtype
+    The head evaluation of margrpo.heads.transitions_logprob, plus the std, which a learned-range
+    variance takes from the head output."""
     rows = z if cfg is None else z.reshape(2, z.shape[0] // 2, z.shape[1])
-    cond = head.embed_condition(rows)
-    times = step_times(sampler, steps, z.device).reshape(len(steps), *([1] * cond.dim()))
-    out = guided_output(head, head.modulation(cond, times), x_t, cfg)
-    out = out.to(acc)
+    out = transition_outputs(head, rows, sampler, steps, x_t, cfg)
     logps, means, stds = [], [], []
     for r, i in enumerate(steps):
-        mean, std = sampler.mean_std(out[r], x_t[r], i, temperature)
-        logps.append(sampler.logprob(x_prev[r], out[r], x_t[r], i, temperature))
-        means.append(mean.to(acc))
-        stds.append(torch.as_tensor(std, dtype=acc, device=x_t.device).expand_as(x_t[r]))
-    return torch.stack(logps).to(acc), torch.stack(means), torch.stack(stds)
+        x_t_r, out_r = x_t.select(-3, r), out.select(-3, r)
+        mean, std = sampler.mean_std(out_r, x_t_r, i, temperature)
+        logps.append(sampler.logprob(x_prev.select(-3, r), out_r, x_t_r, i, temperature))
+        means.append(mean.to(x_t.dtype))
+        stds.append(torch.as_tensor(std, dtype=x_t.dtype, device=x_t.device).expand_as(x_t_r))
+    return torch.stack(logps, -2).to(x_t.dtype), torch.stack(means, -3), torch.stack(stds, -3)

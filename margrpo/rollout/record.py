@@ -17,10 +17,11 @@ after it. The flat index over (j, r, p) is
 
 Every image of a rollout shares the schedule and the plan, so P_j and L are the same for all images
 and no padding is needed. Per-transition masks and weights (selection, MTE) are [B, L]; the seed
-trajectories' final tokens are trajectory-first too, [K, B, N, C]. The diffusion head batches
-differently, [R, T, B * P_j, ...] for one mask step (its step axis leads so the time broadcasts);
-`head_to_rollout` and `rollout_to_head` are the only conversions, used where the head is called
-(recording and the likelihood).
+trajectories' final tokens are trajectory-first too, [K, B, N, C]. The diffusion head records and
+scores one mask step's transitions as [T, B, R, P_j, ...] (margrpo.heads.multi_seed_denoise with
+`images=B`, transitions_logprob): the same layout with the step's part of L unflattened, so the
+likelihood reads a view of the record and the loss reads the head's output flattened, with no
+conversion between layouts.
 
 The canvas and known mask of a recorded step's training forward are not stored: committed tokens
 never change, so they are exactly `where(known, tokens, 0)` with known = a prefix of the image's order
@@ -48,19 +49,6 @@ RECORDED = ("x_t", "x_prev", "mean", "std", "logp")  # the per-transition fields
 # the trajectory-first fields (transitions [T, B, L, ...], seed tokens [K, B, N, C]): their image
 # axis is 1; every other tensor field's is 0
 TRAJECTORY_FIRST = (*RECORDED, "sampled_std", "old_logp", "old_mean", "ref_logp", "ref_mean", "seed_tokens")
-
-
-def head_to_rollout(values: torch.Tensor, B: int, P: int) -> torch.Tensor:
-    """One mask step's head record [R, T, B*P, ...] (step, trajectory, image-major rows) -> the
-    rollout layout [T, B, R*P, ...]."""
-    R, T, tail = values.shape[0], values.shape[1], values.shape[3:]
-    return values.reshape(R, T, B, P, *tail).movedim(0, 2).reshape(T, B, R * P, *tail)
-
-
-def rollout_to_head(values: torch.Tensor, R: int, P: int) -> torch.Tensor:
-    """Inverse of head_to_rollout: [T, B, R*P, ...] -> [R, T, B*P, ...]."""
-    T, B, tail = values.shape[0], values.shape[1], values.shape[3:]
-    return values.reshape(T, B, R, P, *tail).movedim(2, 0).reshape(R, T, B * P, *tail)
 
 
 @dataclass
