@@ -279,3 +279,38 @@ def test_diagnose_variant_names_a_bad_setting():
         with pytest.raises(SystemExit) as exit_info:
             diagnostics.main(["--config", "configs/shapes-tiny.yaml", "--variance", "2", "--variant", spec, "--variant", "b:"])
         assert exit_info.value.code == 2
+
+
+def test_direction_gains_are_paired_and_restore_policy_and_settings(tmp_path, tiny_checkpoint):
+    trainer = make(tmp_path, tiny_checkpoint, "rewards={test_diagnostics_brightness: 1.0}")
+    before = {k: v.clone() for k, v in trainer.policy.state_dict().items()}
+    variants = {"a": {"mte": True}, "b": {"mte": True}, "off": {"mte": False}, "cold": {"rollout.temperature": 0.5}}
+    still = diagnostics.direction_gains(trainer, 3, variants, eta=0.0, samples_per_prompt=2)
+    assert [r.gains for r in still] == [[0.0] * 3] * 4  # no step: the paired samples are the same images
+    a, b, off, cold = diagnostics.direction_gains(trainer, 3, variants, eta=1e-2, samples_per_prompt=2, direction="rms")
+    assert a.gains == b.gains  # same rollouts, same settings: the same direction and the same samples
+    assert any(g != 0.0 for g in a.gains) and off.gains != a.gains and cold.gains != a.gains
+    assert all(torch.equal(before[k], v) for k, v in trainer.policy.state_dict().items())
+    assert not trainer.optimizer.state and trainer.step == 0
+    assert trainer.config.grpo.mte is True and trainer.config.rollout.temperature == 1.0
+    with pytest.raises(ValueError, match="rollouts: got 2"):
+        diagnostics.direction_gains(trainer, 2, variants)
+    with pytest.raises(ValueError, match="direction: got 'adam'"):
+        diagnostics.direction_gains(trainer, 3, variants, direction="adam")
+
+
+def test_gain_statistics_are_paired_t_and_jackknife_intervals():
+    a = diagnostics.DirectionGains("a", 1e-4, "sign", [0.02, 0.04, 0.06, 0.08])
+    b = diagnostics.DirectionGains("b", 1e-4, "sign", [0.01, 0.02, 0.03, 0.04])
+    mean, low, high = a.mean_interval()
+    assert mean == pytest.approx(0.05) and low < mean < high
+    half = 3.182 * float(torch.tensor(a.gains, dtype=torch.float64).std()) / 2  # t(3) * sd / sqrt(4)
+    assert high - mean == pytest.approx(half)
+    diff, d_low, d_high = diagnostics.paired_gain_difference(a, b)
+    assert diff == pytest.approx(0.025) and d_low < diff < d_high
+    ratio, r_low, r_high = diagnostics.gain_ratio(a, b)
+    assert ratio == pytest.approx(2.0) and r_low == pytest.approx(2.0) and r_high == pytest.approx(2.0)  # a = 2 b exactly
+    table = diagnostics.gains_table([b, a])
+    assert "+0.0250 [" in table and "2.00 [2.00, 2.00]" in table and "per rollout" in table
+    with pytest.raises(ValueError, match="same >= 3 rollouts"):
+        diagnostics.gain_ratio(a, diagnostics.DirectionGains("c", 1e-4, "sign", [0.1, 0.2]))

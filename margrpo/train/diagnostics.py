@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import math
 import re
@@ -190,9 +191,16 @@ class Diagnosis:
 
 
 def _fresh_rewards(trainer, prompts: list[str], samples: int, seed: int, metadata: list[dict] | None = None) -> torch.Tensor:
+    """Rewards of `samples` fresh images per prompt (seed `seed`), drawn in eval mode as a rollout is
+    (an update leaves the policy in train mode, where a backbone may drop prompts)."""
     from .evaluate import generate_images
 
-    expanded, images = generate_images(trainer.policy, trainer.sampler, trainer.config.rollout, prompts, samples, seed)
+    training = trainer.policy.training
+    trainer.policy.eval()
+    try:
+        expanded, images = generate_images(trainer.policy, trainer.sampler, trainer.config.rollout, prompts, samples, seed)
+    finally:
+        trainer.policy.train(training)
     expanded_meta = None if metadata is None else [m for m in metadata for _ in range(samples)]
     return trainer.reward(images, expanded, expanded_meta).total.double().cpu()
 
@@ -322,29 +330,134 @@ def gradient_variance(trainer, rollouts: int = 6, variants: dict[str, dict[str, 
     setting), the same steps (prompts, seeds, plans) for every variant (paired)."""
     if rollouts < 2:
         raise ValueError(f"rollouts: got {rollouts}, expected >= 2 (a variance needs two samples)")
-    variants = variants or {"with MTE": {"mte": True}, "without MTE": {"mte": False}}
+    variants = variants or DEFAULT_VARIANTS
+    out = []
+    for name in variants:
+        with _variant_settings(trainer, variants, name):
+            flat = torch.stack([torch.cat([g.flatten() for g in _step_gradient(trainer, step)]).double() for step in range(rollouts)])
+        mean = flat.mean(0)
+        total = float((flat - mean).pow(2).sum(1).sum() / (rollouts - 1))
+        sq = float(mean.pow(2).sum())
+        signal = sq - total / rollouts
+        out.append(GradientVariance(name, rollouts, sq, total, total / max(sq, 1e-300), signal, gram=flat @ flat.T, flat=flat))
+    return out
 
-    def target(key: str):  # "rollout.X" or "grpo.X" (a bare name is a grpo setting) -> (section, field)
-        section, _, name = key.rpartition(".")
-        return getattr(trainer.config, section or "grpo"), name
+
+DEFAULT_VARIANTS: dict[str, dict[str, object]] = {"with MTE": {"mte": True}, "without MTE": {"mte": False}}
+
+
+@contextlib.contextmanager
+def _variant_settings(trainer, variants: dict[str, dict[str, object]], name: str):
+    """The trainer's config with variant `name`'s settings ("rollout.X" or "grpo.X"; a bare name is a
+    grpo setting) and every other variant's keys at the config's own values; restored on exit."""
+
+    def target(key: str):
+        section, _, field_name = key.rpartition(".")
+        return getattr(trainer.config, section or "grpo"), field_name
 
     saved = {key: getattr(*target(key)) for change in variants.values() for key in change}
-    out = []
     try:
-        for name, change in variants.items():
-            for key, value in {**saved, **change}.items():
-                setattr(*target(key), value)
-            flat = torch.stack([torch.cat([g.flatten() for g in _step_gradient(trainer, step)]).double() for step in range(rollouts)])
-            mean = flat.mean(0)
-            total = float((flat - mean).pow(2).sum(1).sum() / (rollouts - 1))
-            sq = float(mean.pow(2).sum())
-            out.append(
-                GradientVariance(name, rollouts, sq, total, total / max(sq, 1e-300), sq - total / rollouts, gram=flat @ flat.T, flat=flat)
-            )
+        for key, value in {**saved, **variants[name]}.items():
+            setattr(*target(key), value)
+        yield
     finally:
         for key, value in saved.items():
             setattr(*target(key), value)
-    return out
+
+
+@dataclass
+class DirectionGains:
+    """The held-in reward gain of one step along a variant's update direction, per rollout."""
+
+    variant: str
+    eta: float
+    direction: str  # "sign" (Adam's first step) or "rms" (the gradient scaled to unit RMS)
+    gains: list[float]  # per rollout i: mean over fresh samples of R(theta - eta d_i) - R(theta)
+
+    def mean_interval(self) -> tuple[float, float, float]:
+        """Mean gain over the rollouts and its 95% t-interval."""
+        return _t_interval(self.gains)
+
+
+def _t_interval(values: list[float]) -> tuple[float, float, float]:
+    from .ablate import seed_stats
+
+    stats = seed_stats(values)
+    return stats["mean"], stats["mean"] - stats["ci95"], stats["mean"] + stats["ci95"]
+
+
+def paired_gain_difference(a: DirectionGains, b: DirectionGains) -> tuple[float, float, float]:
+    """Mean of a's gain minus b's over the same rollouts, with its 95% paired t-interval."""
+    return _t_interval([x - y for x, y in zip(a.gains, b.gains)])
+
+
+def gain_ratio(a: DirectionGains, b: DirectionGains) -> tuple[float, float, float]:
+    """mean gain of a / mean gain of b over the same rollouts, with a 95% jackknife interval."""
+    n = len(a.gains)
+    if n < 3 or len(b.gains) != n:
+        raise ValueError("gain_ratio: needs two results over the same >= 3 rollouts")
+
+    def ratio(keep: list[int]) -> float:
+        return sum(a.gains[i] for i in keep) / sum(b.gains[i] for i in keep)
+
+    return (ratio(list(range(n))), *_jackknife_interval(ratio(list(range(n))), [ratio([j for j in range(n) if j != i]) for i in range(n)]))
+
+
+def direction_gains(
+    trainer,
+    rollouts: int,
+    variants: dict[str, dict[str, object]] | None = None,
+    eta: float = 1e-3,
+    direction: str = "sign",
+    samples_per_prompt: int = 8,
+    scan_seed: int = 987_654,
+) -> list[DirectionGains]:
+    """For each of `rollouts` independent steps (the trainer's steps 0..n-1: prompts, seeds, plans)
+    and each variant of settings, the update direction of that step's rollout, one step of size eta
+    along it, and the change of the mean reward of fresh samples of the step's prompts (seed
+    scan_seed + i, the same for every variant and the unmoved policy: paired). The mean over rollouts
+    is the expected reward gain of one update along the variant's direction: a comparison of
+    estimators by their usable signal, which the eval noise barely blurs (common samples), unlike the
+    gradient's signal-to-noise over a few rollouts. Weights and optimizer are restored."""
+    if rollouts < 3:
+        raise ValueError(f"rollouts: got {rollouts}, expected >= 3 (an interval over rollouts)")
+    if direction not in ("sign", "rms"):
+        raise ValueError(f"direction: got {direction!r}, expected 'sign' or 'rms'")
+    from .step import step_metadata, step_prompts
+
+    variants = variants or DEFAULT_VARIANTS
+    params = [p for group in trainer.optimizer.param_groups for p in group["params"]]
+    start = [p.detach().clone() for p in params]
+    gains: dict[str, list[float]] = {name: [] for name in variants}
+    try:
+        for step in range(rollouts):
+            prompts = step_prompts(trainer, step)[0]
+            metadata = step_metadata(trainer, step)
+            unique = list(dict.fromkeys(prompts))
+            by_prompt = None if metadata is None else dict(zip(prompts, metadata))
+            unique_meta = None if by_prompt is None else [by_prompt[p] for p in unique]
+            base = _fresh_rewards(trainer, unique, samples_per_prompt, scan_seed + step, unique_meta)
+            for name in variants:
+                with _variant_settings(trainer, variants, name):
+                    grads = _step_gradient(trainer, step)
+                if direction == "sign":
+                    moves = [g.sign() for g in grads]
+                else:
+                    rms = torch.cat([g.flatten() for g in grads]).pow(2).mean().sqrt().clamp_min(1e-30)
+                    moves = [g / rms for g in grads]
+                with torch.no_grad():
+                    for p, p0, d in zip(params, start, moves):
+                        p.copy_(p0 - eta * d)  # the loss decreases along -gradient
+                moved = _fresh_rewards(trainer, unique, samples_per_prompt, scan_seed + step, unique_meta)
+                with torch.no_grad():
+                    for p, p0 in zip(params, start):
+                        p.copy_(p0)
+                gains[name].append(float((moved - base).mean()))
+    finally:
+        with torch.no_grad():
+            for p, p0 in zip(params, start):
+                p.copy_(p0)
+    return [DirectionGains(name, eta, direction, values) for name, values in gains.items()]
 
 
 def diagnose(trainer, etas=(0.0, 1e-4, 3e-4, 1e-3, 3e-3), samples_per_prompt: int = 8, scan_seed: int = 987_654) -> Diagnosis:
@@ -414,16 +527,28 @@ def main(argv: list[str] | None = None) -> int:
         "--compare",
         metavar="grpo.KEY=A,B",
         default=None,
-        help="with --variance: the variants compared (default grpo.mte=true,false), e.g. grpo.group_noise=independent,common",
+        help="with --variance or --gains: the variants compared (default grpo.mte=true,false), e.g. grpo.group_noise=independent,common",
     )
     parser.add_argument(
         "--variant",
         action="append",
         default=[],
         metavar="NAME:KEY=V[,KEY=V]",
-        help="with --variance, repeatable (instead of --compare): a named set of grpo./rollout. "
+        help="with --variance or --gains, repeatable (instead of --compare): a named set of grpo./rollout. "
         "settings, e.g. mte:grpo.mte=true; each is compared with the first",
     )
+    parser.add_argument(
+        "--gains",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also the reward gain of one step along each variant's direction, over N rollouts (paired fresh samples)",
+    )
+    parser.add_argument("--gain-eta", type=float, default=1e-3, help="with --gains: the step size along the direction")
+    parser.add_argument(
+        "--gain-direction", choices=("sign", "rms"), default="sign", help="with --gains: sign (Adam's first step) or unit RMS"
+    )
+    parser.add_argument("--skip-checks", action="store_true", help="only the measurements asked for (--variance, --gains)")
     parser.add_argument(
         "--self-consistency",
         action="store_true",
@@ -457,7 +582,8 @@ def main(argv: list[str] | None = None) -> int:
     if not etas or etas[0] != 0.0:
         parser.error(f"--etas: got {args.etas!r}, expected a comma list starting with 0 (the baseline)")
     trainer = Trainer.from_files(args.config, args.overrides + ["run.resume=never"], create_run_dir=False)
-    print(diagnose(trainer, etas, args.samples).table())
+    if not args.skip_checks:
+        print(diagnose(trainer, etas, args.samples).table())
     if args.self_consistency:
         if not hasattr(trainer.policy, "encode_images"):
             parser.error("--self-consistency: needs a backbone with encode_images (the tiny ShapesWorld model)")
@@ -488,4 +614,28 @@ def main(argv: list[str] | None = None) -> int:
                 f"  {other.variant} vs {base.variant}: tr Cov ratio {ratio:.3f} [{low:.3f}, {high:.3f}] (95% paired "
                 f"bootstrap), cosine of the mean gradients {cosine:.3f} [{c_low:.3f}, {c_high:.3f}] (95% jackknife)"
             )
+    if args.gains:
+        gains = direction_gains(trainer, args.gains, variants, args.gain_eta, args.gain_direction, args.samples)
+        print(gains_table(gains))
     return 0
+
+
+def gains_table(results: list[DirectionGains]) -> str:
+    """The --gains report: each variant's mean gain, and against the first variant the paired
+    difference and the ratio of mean gains, each with its 95% interval."""
+    first = results[0]
+    lines = [
+        f"reward gain of one step (eta {first.eta:g}, {first.direction} direction) over {len(first.gains)} rollouts, "
+        "fresh samples paired with the unmoved policy:",
+        f"  {'variant':<22} {'mean gain':>10} {'95% interval':>22} {'vs ' + first.variant:>34} {'ratio':>24}",
+    ]
+    for result in results:
+        mean, low, high = result.mean_interval()
+        versus = ratio = ""
+        if result is not first:
+            diff, d_low, d_high = paired_gain_difference(result, first)
+            r, r_low, r_high = gain_ratio(result, first)
+            versus, ratio = f"{diff:+.4f} [{d_low:+.4f}, {d_high:+.4f}]", f"{r:.2f} [{r_low:.2f}, {r_high:.2f}]"
+        lines.append(f"  {result.variant:<22} {mean:>+10.4f} [{low:>+9.4f}, {high:>+9.4f}] {versus:>34} {ratio:>24}")
+    lines.append("  per rollout: " + "; ".join(f"{r.variant}: " + " ".join(f"{g:+.3f}" for g in r.gains) for r in results))
+    return "\n".join(lines)
