@@ -287,7 +287,11 @@ def test_direction_gains_are_paired_and_restore_policy_and_settings(tmp_path, ti
     variants = {"a": {"mte": True}, "b": {"mte": True}, "off": {"mte": False}, "cold": {"rollout.temperature": 0.5}}
     still = diagnostics.direction_gains(trainer, 3, variants, eta=0.0, samples_per_prompt=2)
     assert [r.gains for r in still] == [[0.0] * 3] * 4  # no step: the paired samples are the same images
-    a, b, off, cold = diagnostics.direction_gains(trainer, 3, variants, eta=1e-2, samples_per_prompt=2, direction="rms")
+    lines = []
+    a, b, off, cold = diagnostics.direction_gains(
+        trainer, 3, variants, eta=1e-2, samples_per_prompt=2, direction="rms", progress=lines.append
+    )
+    assert len(lines) == 3 and lines[-1].startswith("rollout 3/3: a ") and f"off {off.gains[-1]:+.4f}" in lines[-1]
     assert a.gains == b.gains  # same rollouts, same settings: the same direction and the same samples
     assert any(g != 0.0 for g in a.gains) and off.gains != a.gains and cold.gains != a.gains
     assert all(torch.equal(before[k], v) for k, v in trainer.policy.state_dict().items())

@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import math
 import re
+import sys
 import warnings
 from dataclasses import dataclass, field
 
@@ -411,6 +412,7 @@ def direction_gains(
     direction: str = "sign",
     samples_per_prompt: int = 8,
     scan_seed: int = 987_654,
+    progress=None,
 ) -> list[DirectionGains]:
     """For each of `rollouts` independent steps (the trainer's steps 0..n-1: prompts, seeds, plans)
     and each variant of settings, the update direction of that step's rollout, one step of size eta
@@ -418,7 +420,8 @@ def direction_gains(
     scan_seed + i, the same for every variant and the unmoved policy: paired). The mean over rollouts
     is the expected reward gain of one update along the variant's direction: a comparison of
     estimators by their usable signal, which the eval noise barely blurs (common samples), unlike the
-    gradient's signal-to-noise over a few rollouts. Weights and optimizer are restored."""
+    gradient's signal-to-noise over a few rollouts. Weights and optimizer are restored; `progress`,
+    when given, is called with a line after each rollout."""
     if rollouts < 3:
         raise ValueError(f"rollouts: got {rollouts}, expected >= 3 (an interval over rollouts)")
     if direction not in ("sign", "rms"):
@@ -453,6 +456,8 @@ def direction_gains(
                     for p, p0 in zip(params, start):
                         p.copy_(p0)
                 gains[name].append(float((moved - base).mean()))
+            if progress is not None:
+                progress(f"rollout {step + 1}/{rollouts}: " + ", ".join(f"{name} {values[-1]:+.4f}" for name, values in gains.items()))
     finally:
         with torch.no_grad():
             for p, p0 in zip(params, start):
@@ -615,7 +620,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"bootstrap), cosine of the mean gradients {cosine:.3f} [{c_low:.3f}, {c_high:.3f}] (95% jackknife)"
             )
     if args.gains:
-        gains = direction_gains(trainer, args.gains, variants, args.gain_eta, args.gain_direction, args.samples)
+        gains = direction_gains(
+            trainer,
+            args.gains,
+            variants,
+            args.gain_eta,
+            args.gain_direction,
+            args.samples,
+            progress=lambda line: print(line, file=sys.stderr, flush=True),
+        )
         print(gains_table(gains))
     return 0
 
