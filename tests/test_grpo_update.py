@@ -27,7 +27,7 @@ def tiny():
     return model, model.make_sampler()
 
 
-def _rollout(model, sampler, **overrides):
+def _rollout(model, sampler, plan=PLAN, **overrides):
     values = dict(
         num_mask_steps=5,
         schedule="harmon",
@@ -38,7 +38,7 @@ def _rollout(model, sampler, **overrides):
         likelihood_positions="unknown",
     )
     config = RolloutConfig(**{**values, **overrides})
-    return generate(model, PROMPTS, config, [11, 12, 13, 14], sampler=sampler, plan=PLAN)
+    return generate(model, PROMPTS, config, [11, 12, 13, 14], sampler=sampler, plan=plan)
 
 
 class SummedGradients(torch.optim.SGD):
@@ -226,17 +226,8 @@ def test_recorded_transitions_index_l_as_documented(tiny, known_mask):
     from r to r + 1 at the same (trajectory, image, position), and each step's part of L holds
     R x P_j transitions."""
     model, sampler = tiny
-    plan = RecordPlan(mask_steps=(0, 2, 3), diffusion_steps=((0, 1), (1, 2), (2, 3)))
-    config = RolloutConfig(
-        num_mask_steps=5,
-        schedule="harmon",
-        cfg_scale=2.5,
-        num_seeds=2,
-        record_mask_steps=3,
-        likelihood_positions="unknown",
-        known_mask=known_mask,
-    )
-    rollout = generate(model, PROMPTS, config, [11, 12, 13, 14], sampler=sampler, plan=plan)
+    consecutive = RecordPlan(mask_steps=(0, 2, 3), diffusion_steps=((0, 1), (1, 2), (2, 3)))
+    rollout = _rollout(model, sampler, plan=consecutive, known_mask=known_mask)
     T, B, L = rollout.logp.shape
     for j in range(3):
         P = rollout.step_positions_count(j)
