@@ -418,6 +418,14 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_rollout.py::test_unknown_mode_predictions",),
     ),
     Mutant(
+        "record_steps_and_positions_swapped",
+        f"{ROLL}/generate.py::_Generation._record",
+        "self.records[j] = {name: value.flatten(2, 3) for name, value in drawn.items()}",
+        "self.records[j] = {name: value.transpose(2, 3).flatten(2, 3) for name, value in drawn.items()}",
+        "a recorded step's part of L is stored position-major, not step-major as the likelihood reads it",
+        ("tests/test_grpo_update.py::test_recorded_transitions_index_l_as_documented",),
+    ),
+    Mutant(
         "cfg_scale_before_step",
         f"{ROLL}/generate.py::_Generation.mask_step",
         "scale = config.cfg_scale_at(start + n, N)",
