@@ -132,6 +132,8 @@ def multi_seed_denoise(
     num_steps = sampler.num_steps
     steps = _check_steps(record_steps, num_steps)
     _check_channels(head, sampler)
+    if images is not None and (isinstance(images, bool) or not isinstance(images, int) or images < 1 or rows.shape[-2] % images):
+        raise ValueError(f"images: got {images!r}, expected None or an int >= 1 that divides the {rows.shape[-2]} tokens")
     if cuda_graph:
         from .cuda_graph import graphed_denoise
 
@@ -139,8 +141,6 @@ def multi_seed_denoise(
         if graphed is not None:  # its (empty) records in the layout `images` asks for
             return graphed if images is None else _split_images(graphed, images)
     tokens, channels = rows.shape[-2], head.in_channels
-    if images is not None and (isinstance(images, bool) or not isinstance(images, int) or images < 1 or tokens % images):
-        raise ValueError(f"images: got {images!r}, expected None or an int >= 1 that divides the {tokens} tokens")
     eps = resolve_noise(noise, generator, (num_steps + 1, num_seeds + 1, tokens, channels), _acc_dtype(z), z.device)
 
     with torch.no_grad():
