@@ -413,8 +413,10 @@ def direction_gains(
     samples_per_prompt: int = 8,
     scan_seed: int = 987_654,
     progress=None,
+    first_step: int = 0,
 ) -> list[DirectionGains]:
-    """For each of `rollouts` independent steps (the trainer's steps 0..n-1: prompts, seeds, plans)
+    """For each of `rollouts` independent steps (the trainer's steps first_step, first_step + 1, ...:
+    prompts, seeds, plans)
     and each variant of settings, the update direction of that step's rollout, one step of size eta
     along it, and the change of the mean reward of fresh samples of the step's prompts (seed
     scan_seed + i, the same for every variant and the unmoved policy: paired). The mean over rollouts
@@ -433,7 +435,7 @@ def direction_gains(
     start = [p.detach().clone() for p in params]
     gains: dict[str, list[float]] = {name: [] for name in variants}
     try:
-        for step in range(rollouts):
+        for step in range(first_step, first_step + rollouts):
             prompts = step_prompts(trainer, step)[0]
             metadata = step_metadata(trainer, step)
             unique = list(dict.fromkeys(prompts))
@@ -457,7 +459,8 @@ def direction_gains(
                         p.copy_(p0)
                 gains[name].append(float((moved - base).mean()))
             if progress is not None:
-                progress(f"rollout {step + 1}/{rollouts}: " + ", ".join(f"{name} {values[-1]:+.4f}" for name, values in gains.items()))
+                latest = ", ".join(f"{name} {values[-1]:+.4f}" for name, values in gains.items())
+                progress(f"rollout {step - first_step + 1}/{rollouts} (step {step}): {latest}")
     finally:
         with torch.no_grad():
             for p, p0 in zip(params, start):
@@ -550,6 +553,7 @@ def main(argv: list[str] | None = None) -> int:
         help="also the reward gain of one step along each variant's direction, over N rollouts (paired fresh samples)",
     )
     parser.add_argument("--gain-eta", type=float, default=1e-3, help="with --gains: the step size along the direction")
+    parser.add_argument("--gains-from", type=int, default=0, metavar="S", help="with --gains: the first step (other rollouts)")
     parser.add_argument(
         "--gain-direction", choices=("sign", "rms"), default="sign", help="with --gains: sign (Adam's first step) or unit RMS"
     )
@@ -628,6 +632,7 @@ def main(argv: list[str] | None = None) -> int:
             args.gain_direction,
             args.samples,
             progress=lambda line: print(line, file=sys.stderr, flush=True),
+            first_step=args.gains_from,
         )
         print(gains_table(gains))
     return 0
