@@ -655,5 +655,5 @@ def gains_table(results: list[DirectionGains]) -> str:
             r, r_low, r_high = gain_ratio(result, first)
             versus, ratio = f"{diff:+.4f} [{d_low:+.4f}, {d_high:+.4f}]", f"{r:.2f} [{r_low:.2f}, {r_high:.2f}]"
         lines.append(f"  {result.variant:<22} {mean:>+10.4f} [{low:>+9.4f}, {high:>+9.4f}] {versus:>34} {ratio:>24}")
-    lines.append("  per rollout: " + "; ".join(f"{r.variant}: " + " ".join(f"{g:+.3f}" for g in r.gains) for r in results))
+    lines.append("  per rollout: " + "; ".join(f"{r.variant}: " + " ".join(f"{g:+.4f}" for g in r.gains) for r in results))
     return "\n".join(lines)
