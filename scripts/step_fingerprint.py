@@ -2,7 +2,8 @@
 
     python scripts/step_fingerprint.py [--config configs/shapes-tiny.yaml] [--steps 3] [key=value ...]
 
-Runs `Trainer.train_step()` `--steps` times on one thread and prints one JSON object: every step's
+Runs `Trainer.train_step()` `--steps` times with the config's `run.threads` (the Trainer sets it; the
+preset's is 2, `run.threads=1` for one) and prints one JSON object: every step's
 metrics (timings and throughput left out) written with repr-exact floats, and a SHA-256 of the policy's weights
 after the last step. Run it on the code before and after a change (e.g. from a git worktree) and
 compare the two outputs: equal means the steps were bit-identical on this machine.
@@ -33,7 +34,6 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
     args = parser.parse_args()
-    torch.set_num_threads(1)
     from margrpo.train.config import load_config
     from margrpo.train.trainer import Trainer
 
