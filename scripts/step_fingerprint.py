@@ -41,6 +41,7 @@ def main() -> None:
     steps = []
     for _ in range(args.steps):
         metrics = trainer.train_step()
+        trainer.step += 1  # as Trainer.run does: each step its own prompts, seeds and recorded steps
         steps.append({k: repr(v) for k, v in sorted(metrics.items()) if not k.startswith("time/") and k not in TIMED})
     print(json.dumps({"steps": steps, "weights_sha256": weights_digest(trainer.policy)}, indent=1))
 

@@ -246,7 +246,7 @@ def transitions_logprob(
     """Log-probs of the transitions x_t -> x_prev at diffusion `steps` (R ascending indices) under
     condition z [N, Dz] ([2N, Dz] = [cond; uncond] with guidance). x_t, x_prev: [K+1, R, N, C], or
     [K+1, B, R, P, C] for N = B * P tokens of B images (z's rows image-major; a rollout's layout,
-    read as a view) -> logp [K+1, R, N] or [K+1, B, R, P].
+    passed as a view; the head copies it step-first for its call) -> logp [K+1, R, N] or [K+1, B, R, P].
 
     Gradients flow to z through the head (whose parameters may be frozen: requires_grad False keeps
     the graph to z). All R steps go through the head in one batched call; x_t / x_prev are treated
@@ -268,26 +268,40 @@ def transitions_logprob(
         empty = x_t.new_zeros(x_t.shape[:-1])
         return (empty, x_t.clone()) if return_mean else empty
 
+    x_t, x_prev = step_first(x_t), step_first(x_prev)
     out = transition_outputs(head, rows, sampler, steps, x_t, cfg, backend)
-    per_step = [(x_prev.select(-3, r), out.select(-3, r), x_t.select(-3, r), i) for r, i in enumerate(steps)]
-    logp = torch.stack([sampler.logprob(x_p, o, x, i, temperature) for x_p, o, x, i in per_step], -2)
+    logp = torch.stack([sampler.logprob(x_prev[r], out[r], x_t[r], i, temperature) for r, i in enumerate(steps)])
     if not return_mean:
-        return logp
-    means = torch.stack([sampler.mean_std(o, x, i, temperature)[0] for _, o, x, i in per_step], -3)
-    return logp, means
+        return from_step_first(logp, images)
+    means = torch.stack([sampler.mean_std(out[r], x_t[r], i, temperature)[0] for r, i in enumerate(steps)])
+    return from_step_first(logp, images), from_step_first(means, images)
+
+
+# The head evaluates recorded transitions step-first, [R, T, N, C] (N = images x P rows, image-major):
+# the row order its GEMMs have always had. Any other order rounds differently in float32 (a GEMM's
+# rows can round differently by where they fall in its blocking), and a training run then drifts
+# from an earlier one after a few steps, so a record in another layout is copied into this order for
+# the head's call and the result copied back.
+def step_first(values: torch.Tensor) -> torch.Tensor:
+    """A record [T, *images, R, P, C] -> [R, T, N, C], contiguous."""
+    R, C = values.shape[-3], values.shape[-1]
+    return values.movedim(-3, 0).reshape(R, values.shape[0], -1, C)
+
+
+def from_step_first(values: torch.Tensor, images: tuple[int, ...]) -> torch.Tensor:
+    """Per-transition values [R, T, N(, C)] -> the record layout [T, *images, R, P(, C)]."""
+    R, T, N, tail = values.shape[0], values.shape[1], values.shape[2], values.shape[3:]
+    per_image = N // math.prod(images) if images else N
+    return values.reshape(R, T, *images, per_image, *tail).movedim(0, len(images) + 1)
 
 
 def transition_outputs(
     head, rows: torch.Tensor, sampler, steps: tuple[int, ...], x_t: torch.Tensor, cfg: Guidance | None, backend: str | None = None
 ) -> torch.Tensor:
-    """The head's (guided) outputs for recorded transitions x_t [K+1, *images, R, P, C] at diffusion
-    `steps`, all R in one call, on validated inputs (rows: z as [N, Dz] or [2, N, Dz], N = images x P)
-    -> [K+1, *images, R, P, out] in x_t's dtype."""
-    images = x_t.shape[1:-3]
-    # the modulation [*images, R, (2,) P, W] broadcasts against x_t's axes after the trajectory axis
-    cond = head.embed_condition(rows).unflatten(-2, (*images, x_t.shape[-2]))  # [(2,) *images, P, W]
-    if cfg is not None:
-        cond = cond.movedim(0, -3)
-    cond = cond.unsqueeze(len(images))  # the step axis
-    times = step_times(sampler, steps, rows.device).reshape(len(steps), *([1] * (cond.dim() - len(images) - 2)))
+    """The head's (guided) outputs for recorded transitions x_t [R, T, N, C] (step-first) at
+    diffusion `steps`, all R in one call, on validated inputs (rows: z as [N, Dz] or [2, N, Dz])
+    -> [R, T, N, out] in x_t's dtype."""
+    cond = head.embed_condition(rows)
+    # [R] -> [R, 1, (1,) 1]: the step axis leads, then a singleton that broadcasts over trajectories
+    times = step_times(sampler, steps, rows.device).reshape(len(steps), *([1] * cond.dim()))
     return guided_output(head, head.modulation(cond, times), x_t, cfg, backend).to(x_t.dtype)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from margrpo.heads import Guidance
-from margrpo.heads.multi_seed import transition_outputs
+from margrpo.heads.multi_seed import from_step_first, step_first, transition_outputs
 
 
 @torch.no_grad()
@@ -39,12 +39,13 @@ def score_transitions(
     The head evaluation of margrpo.heads.transitions_logprob, plus the std, which a learned-range
     variance takes from the head output."""
     rows = z if cfg is None else z.reshape(2, z.shape[0] // 2, z.shape[1])
+    images = tuple(x_t.shape[1:-3])
+    x_t, x_prev = step_first(x_t), step_first(x_prev)
     out = transition_outputs(head, rows, sampler, steps, x_t, cfg)
     logps, means, stds = [], [], []
     for r, i in enumerate(steps):
-        x_t_r, out_r = x_t.select(-3, r), out.select(-3, r)
-        mean, std = sampler.mean_std(out_r, x_t_r, i, temperature)
-        logps.append(sampler.logprob(x_prev.select(-3, r), out_r, x_t_r, i, temperature))
+        mean, std = sampler.mean_std(out[r], x_t[r], i, temperature)
+        logps.append(sampler.logprob(x_prev[r], out[r], x_t[r], i, temperature))
         means.append(mean.to(x_t.dtype))
-        stds.append(torch.as_tensor(std, dtype=x_t.dtype, device=x_t.device).expand_as(x_t_r))
-    return torch.stack(logps, -2).to(x_t.dtype), torch.stack(means, -3), torch.stack(stds, -3)
+        stds.append(torch.as_tensor(std, dtype=x_t.dtype, device=x_t.device).expand_as(x_t[r]))
+    return tuple(from_step_first(torch.stack(v).to(x_t.dtype), images) for v in (logps, means, stds))  # type: ignore[return-value]

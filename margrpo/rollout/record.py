@@ -20,8 +20,9 @@ and no padding is needed. Per-transition masks and weights (selection, MTE) are 
 trajectories' final tokens are trajectory-first too, [K, B, N, C]. The diffusion head records and
 scores one mask step's transitions as [T, B, R, P_j, ...] (margrpo.heads.multi_seed_denoise with
 `images=B`, transitions_logprob): the same layout with the step's part of L unflattened, so the
-likelihood reads a view of the record and the loss reads the head's output flattened, with no
-conversion between layouts.
+rollout hands the head a view of its record and flattens what comes back. (Inside, the head still
+evaluates step-first, [R, T, B * P_j]: the row order that fixes its float rounding; see
+margrpo.heads.multi_seed.step_first.)
 
 The canvas and known mask of a recorded step's training forward are not stored: committed tokens
 never change, so they are exactly `where(known, tokens, 0)` with known = a prefix of the image's order
