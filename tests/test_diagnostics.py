@@ -294,6 +294,9 @@ def test_direction_gains_are_paired_and_restore_policy_and_settings(tmp_path, ti
     assert len(lines) == 3 and lines[-1].startswith("rollout 3/3 (step 2): a ") and f"off {off.gains[-1]:+.4f}" in lines[-1]
     (later,) = diagnostics.direction_gains(trainer, 3, {"a": {"mte": True}}, eta=1e-2, samples_per_prompt=2, direction="rms", first_step=1)
     assert later.gains[:2] == a.gains[1:]  # steps 1 and 2 again: the same rollouts and fresh samples
+    (at_lr,) = diagnostics.direction_gains(trainer, 3, {"a": {"mte": True}}, samples_per_prompt=2)  # eta: optim.lr, 1e-3 here
+    (explicit,) = diagnostics.direction_gains(trainer, 3, {"a": {"mte": True}}, eta=1e-3, samples_per_prompt=2)
+    assert at_lr.eta == 1e-3 and at_lr.gains == explicit.gains
     assert a.gains == b.gains  # same rollouts, same settings: the same direction and the same samples
     assert any(g != 0.0 for g in a.gains) and off.gains != a.gains and cold.gains != a.gains
     assert all(torch.equal(before[k], v) for k, v in trainer.policy.state_dict().items())

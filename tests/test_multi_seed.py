@@ -23,6 +23,7 @@ from margrpo.heads import (
     reinit_zero_layers_,
     transitions_logprob,
 )
+from margrpo.heads import multi_seed
 from margrpo.heads.noise import resolve_noise
 from margrpo.heads.upstream import eager_denoise_logprob, eager_multi_seed_denoise
 
@@ -226,6 +227,8 @@ def test_images_layout_is_the_flat_record_split_by_image(case, guided):
     for name in ("x_t", "x_prev", "mean", "std", "logp"):
         want = getattr(flat, name).unflatten(2, (B, P)).movedim(2, 1)
         torch.testing.assert_close(getattr(split, name), want, rtol=0, atol=0, msg=lambda m: f"{name}: {m}")
+        # the CUDA-graph path splits a flat result afterwards; the same layout
+        torch.testing.assert_close(getattr(multi_seed._split_images(flat, B), name), want, rtol=0, atol=0)
 
     z_new = (z + 0.1 * torch.randn(z.shape, generator=torch.Generator().manual_seed(3), dtype=F64)).requires_grad_()
     logp, mean = transitions_logprob(head, z_new, sampler, steps, split.x_t, split.x_prev, cfg=cfg, return_mean=True)

@@ -149,7 +149,7 @@ def multi_seed_denoise(
 
 def _split_images(samples: MultiSeedSamples, images: int) -> MultiSeedSamples:
     """Records [K+1, R, N, ...] -> [K+1, B, R, P, ...] for N = images x P tokens."""
-    split = {name: getattr(samples, name).unflatten(2, (images, -1)).movedim(2, 1) for name in _RECORDED}
+    split = {name: from_step_first(getattr(samples, name).movedim(1, 0), (images,)) for name in _RECORDED}
     return MultiSeedSamples(x0=samples.x0, steps=samples.steps, **split)
 
 

@@ -48,4 +48,5 @@ def score_transitions(
         logps.append(sampler.logprob(x_prev[r], out[r], x_t[r], i, temperature))
         means.append(mean.to(x_t.dtype))
         stds.append(torch.as_tensor(std, dtype=x_t.dtype, device=x_t.device).expand_as(x_t[r]))
-    return tuple(from_step_first(torch.stack(v).to(x_t.dtype), images) for v in (logps, means, stds))  # type: ignore[return-value]
+    logp = torch.stack(logps).to(x_t.dtype)
+    return from_step_first(logp, images), from_step_first(torch.stack(means), images), from_step_first(torch.stack(stds), images)

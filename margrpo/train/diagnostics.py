@@ -206,6 +206,13 @@ def _fresh_rewards(trainer, prompts: list[str], samples: int, seed: int, metadat
     return trainer.reward(images, expanded, expanded_meta).total.double().cpu()
 
 
+def _distinct_prompts(prompts: list[str], metadata: list[dict] | None) -> tuple[list[str], list[dict] | None]:
+    """A step's prompts without the group repeats, in order, and their metadata (None if none)."""
+    unique = list(dict.fromkeys(prompts))
+    by_prompt = None if metadata is None else dict(zip(prompts, metadata))
+    return unique, None if by_prompt is None else [by_prompt[p] for p in unique]
+
+
 def _step_gradient(trainer, step: int) -> list[torch.Tensor]:
     """The (clipped) update direction of the trainer's step `step` (its prompts, seeds and plan);
     weights, optimizer and step counter unchanged."""
@@ -401,14 +408,15 @@ def gain_ratio(a: DirectionGains, b: DirectionGains) -> tuple[float, float, floa
     def ratio(keep: list[int]) -> float:
         return sum(a.gains[i] for i in keep) / sum(b.gains[i] for i in keep)
 
-    return (ratio(list(range(n))), *_jackknife_interval(ratio(list(range(n))), [ratio([j for j in range(n) if j != i]) for i in range(n)]))
+    estimate = ratio(list(range(n)))
+    return (estimate, *_jackknife_interval(estimate, [ratio([j for j in range(n) if j != i]) for i in range(n)]))
 
 
 def direction_gains(
     trainer,
     rollouts: int,
     variants: dict[str, dict[str, object]] | None = None,
-    eta: float = 1e-3,
+    eta: float | None = None,
     direction: str = "sign",
     samples_per_prompt: int = 8,
     scan_seed: int = 987_654,
@@ -422,7 +430,8 @@ def direction_gains(
     scan_seed + i, the same for every variant and the unmoved policy: paired). The mean over rollouts
     is the expected reward gain of one update along the variant's direction: a comparison of
     estimators by their usable signal, which the eval noise barely blurs (common samples), unlike the
-    gradient's signal-to-noise over a few rollouts. Weights and optimizer are restored; `progress`,
+    gradient's signal-to-noise over a few rollouts. eta None: the trainer's learning rate (with
+    direction "sign", Adam's first step). Weights and optimizer are restored; `progress`,
     when given, is called with a line after each rollout."""
     if rollouts < 3:
         raise ValueError(f"rollouts: got {rollouts}, expected >= 3 (an interval over rollouts)")
@@ -431,6 +440,7 @@ def direction_gains(
     from .step import step_metadata, step_prompts
 
     variants = variants or DEFAULT_VARIANTS
+    eta = trainer.config.optim.lr if eta is None else eta
     params = [p for group in trainer.optimizer.param_groups for p in group["params"]]
     start = [p.detach().clone() for p in params]
     gains: dict[str, list[float]] = {name: [] for name in variants}
@@ -438,9 +448,7 @@ def direction_gains(
         for step in range(first_step, first_step + rollouts):
             prompts = step_prompts(trainer, step)[0]
             metadata = step_metadata(trainer, step)
-            unique = list(dict.fromkeys(prompts))
-            by_prompt = None if metadata is None else dict(zip(prompts, metadata))
-            unique_meta = None if by_prompt is None else [by_prompt[p] for p in unique]
+            unique, unique_meta = _distinct_prompts(prompts, metadata)
             base = _fresh_rewards(trainer, unique, samples_per_prompt, scan_seed + step, unique_meta)
             for name in variants:
                 with _variant_settings(trainer, variants, name):
@@ -488,9 +496,7 @@ def diagnose(trainer, etas=(0.0, 1e-4, 3e-4, 1e-3, 3e-3), samples_per_prompt: in
     flat = torch.cat([g.flatten() for g in grads])
     rms = flat.pow(2).mean().sqrt().clamp_min(1e-30)
     directions = {"gradient (unit RMS)": [g / rms for g in grads], "gradient sign (Adam's first step)": [g.sign() for g in grads]}
-    unique = list(dict.fromkeys(prompts))
-    by_prompt = None if metadata is None else dict(zip(prompts, metadata))
-    unique_meta = None if by_prompt is None else [by_prompt[p] for p in unique]
+    unique, unique_meta = _distinct_prompts(prompts, metadata)
     start = [p.detach().clone() for p in params]
     try:
         for name, direction in directions.items():
@@ -552,7 +558,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N",
         help="also the reward gain of one step along each variant's direction, over N rollouts (paired fresh samples)",
     )
-    parser.add_argument("--gain-eta", type=float, default=1e-3, help="with --gains: the step size along the direction")
+    parser.add_argument(
+        "--gain-eta",
+        type=float,
+        default=None,
+        help="with --gains: the step size along the direction (default: optim.lr, Adam's first step)",
+    )
     parser.add_argument("--gains-from", type=int, default=0, metavar="S", help="with --gains: the first step (other rollouts)")
     parser.add_argument(
         "--gain-direction", choices=("sign", "rms"), default="sign", help="with --gains: sign (Adam's first step) or unit RMS"
