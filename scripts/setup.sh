@@ -5,6 +5,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
+# torch's CUDA build needs about 6 GB in the venv plus its downloaded wheels: say so up front instead
+# of pip's "No space left on device" halfway through (MARGRPO_SETUP_MIN_FREE_GB=0 skips the check).
+need_gb=${MARGRPO_SETUP_MIN_FREE_GB:-10}
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+  for dir in . "${TMPDIR:-/tmp}"; do
+    free_gb=$(df -Pk "$dir" | awk 'NR == 2 { print int($4 / 1048576) }')
+    if [ "$free_gb" -lt "$need_gb" ]; then
+      echo "setup.sh: $free_gb GB free on the filesystem of $(cd "$dir" && pwd); installing torch ==2.14.1" \
+        "(CUDA build) needs about $need_gb GB. Free some space (or set MARGRPO_SETUP_MIN_FREE_GB)." >&2
+      exit 1
+    fi
+  done
+fi
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
