@@ -664,8 +664,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "policy_stat_not_detached",
         f"{GRPO}/objective.py::chunk_loss",
-        "policy.detach(), kl.detach(), *shares",
-        "policy, kl.detach(), *shares",
+        "policy.detach(), kl.detach(), clip_fraction",
+        "policy, kl.detach(), clip_fraction",
         "ChunkLoss.policy keeps its graph",
         KL_TERM,
         equivalent="the statistic is only read as a number (update(): float(x.detach())), and the chunk's graph "

@@ -85,3 +85,36 @@ def test_finite_check_reads_one_sum_and_counts_only_on_failure():
     _validate.all_finite("a", torch.tensor([3e38, 3e38]))  # the sum overflows, no value is non-finite
     with pytest.raises(ValueError, match="a: got 2 non-finite values of 3"):
         _validate.all_finite("a", torch.tensor([float("inf"), float("-inf"), 1.0]))
+
+
+@pytest.mark.parametrize("signature", [_validate.signature, _validate._python_signature], ids=["active", "python"])
+def test_a_signature_tells_apart_exactly_what_the_checks_read(signature):
+    g = torch.Generator().manual_seed(1)
+    base = torch.randn(3, 4, generator=g)
+    same = [torch.randn(3, 4, generator=g), base.t().contiguous().t(), torch.randn(3, 8, generator=g)[:, ::2]]  # values, strides
+    different = [
+        torch.randn(4, 3, generator=g),
+        torch.randn(12, generator=g),
+        torch.randn(3, 4, 1, generator=g),
+        torch.randn(1, 3, 4, generator=g),
+        base.double(),
+        base.to(torch.bfloat16),
+        torch.empty(3, 4, device="meta"),
+        torch.ones(3, 4, dtype=torch.bool),
+    ]
+    assert all(signature(t) == signature(base) for t in same)
+    keys = [signature(t) for t in [base, *different]]
+    assert len(set(keys)) == len(keys)
+    # per position: None differs from a tensor, and the order of the arguments matters
+    assert signature(base, None) != signature(base, base) != signature(None, base)
+    assert signature(base, base.double()) != signature(base.double(), base)
+    assert signature(torch.zeros(2, 3), torch.zeros(6)) != signature(torch.zeros(2), torch.zeros(3, 6))
+    with pytest.raises(TypeError):
+        signature(base, [1.0])
+
+
+def test_the_extension_signature_is_the_one_in_use_when_built():
+    extension = ops._backend.extension()
+    if extension is None or not hasattr(extension, "signature"):
+        pytest.skip("margrpo._C not built with signature(): the Python signature is in use")
+    assert _validate.signature is extension.signature

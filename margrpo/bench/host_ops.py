@@ -24,8 +24,8 @@ from margrpo.bench.timing import interleave, stats
 SHAPES = {"tiny": (3, 1, 4, 16), "nova": (3, 4, 1024, 16)}
 # grpo_surrogate: from a bool mask (the public op builds the token_mean weights, work the raw call is
 # spared); grpo_surrogate.weights: the trainer's call, weights given (aggregation "sum");
-# grpo_surrogate.floor: no wrapper, only the raw call's outputs made into the public GRPOLoss (five
-# 0-d tensors: splitting the statistics costs about 1.5 us), the least any wrapper with that result pays
+# grpo_surrogate.floor: no wrapper, only the raw call's outputs made into the public GRPOLoss, the
+# least any wrapper with that result pays
 OPS = (
     "gaussian_logprob",
     "trajectory_std",
@@ -80,7 +80,7 @@ def cases(shape: tuple[int, int, int, int], seed: int = 0) -> dict[str, tuple[Ca
 def _as_loss(loss: torch.Tensor, stats: torch.Tensor, grad: torch.Tensor):
     from margrpo.ops import GRPOLoss
 
-    return GRPOLoss(loss, *stats.unbind())
+    return GRPOLoss(loss, stats)
 
 
 @dataclass

@@ -129,6 +129,6 @@ def chunk_loss(
             channel_reduction=channel_reduction,
         )
         kl = (per_transition * kl_weights).sum()
-    shares = [sum(getattr(out, name).detach() for out in outs) for name in ("clip_fraction", "approx_kl", "ratio_mean")]
-    ratio_max = torch.stack([out.ratio_max.detach() for out in outs]).max()
-    return ChunkLoss(policy + kl_beta * kl, policy.detach(), kl.detach(), *shares, ratio_max)
+    stats = torch.stack([out.stats for out in outs]).detach()  # [parts, 4]: ops.STATISTICS per part
+    clip_fraction, approx_kl, ratio_mean = stats[:, :3].sum(0).unbind()
+    return ChunkLoss(policy + kl_beta * kl, policy.detach(), kl.detach(), clip_fraction, approx_kl, ratio_mean, stats[:, 3].max())

@@ -23,11 +23,12 @@ from ._backend import available_backends, get_backend, set_backend, use_backend 
 from .adaln import gate_residual, ln_modulate  # noqa: E402
 from .consistency import consistency_mask  # noqa: E402
 from .gaussian_logprob import gaussian_logprob  # noqa: E402
-from .grpo_surrogate import GRPOLoss, grpo_surrogate, token_weights  # noqa: E402
+from .grpo_surrogate import STATISTICS, GRPOLoss, grpo_surrogate, token_weights  # noqa: E402
 from .topk import topk_indices, topk_mask  # noqa: E402
 from .trajectory_std import trajectory_std  # noqa: E402
 
 __all__ = [
+    "STATISTICS",
     "GRPOLoss",
     "available_backends",
     "consistency_mask",

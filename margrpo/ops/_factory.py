@@ -1,7 +1,8 @@
 """FusedOp: both routes of a public op to its kernels (see _kernels.py), built from one definition.
 
 An op is defined once by its schema, its kernels, `forward(kernels, backend, *inputs)` (the kernel
-calls, plus value checks that need the data), `fake(*inputs)` (output metadata) and, when it has a
+calls, plus value checks that need the data; None when it is the first kernel on the inputs, which the
+eager route then calls without a frame of its own), `fake(*inputs)` (output metadata) and, when it has a
 gradient, a `Gradient` (what to save and the backward formula). From that the factory builds
 
   - the torch.library custom op `margrpo::<name>` (with its fake, and its autograd registered),
@@ -10,7 +11,7 @@ gradient, a `Gradient` (what to save and the backward formula). From that the fa
   - for a gradient with a backward kernel, the custom op `margrpo::<name>_backward` and its fake, so
     the backward too runs under torch.compile and double backward records it.
 
-`FusedOp.__call__(device, *inputs)` picks the route and the backend. The public ops validate their
+`FusedOp.run(device, inputs)` picks the route and the backend. The public ops validate their
 arguments, bring them to the kernel layout and call it; nothing below them validates again.
 
 A forward-only op (`forward_only=True`, the adaLN ops) has no backward kernels: its oracle is plain
@@ -26,6 +27,10 @@ from dataclasses import dataclass
 import torch
 
 from . import _backend, _kernels, oracle
+
+
+def _first_kernel(kernels: tuple[Callable, ...], backend: str, *inputs):
+    return kernels[0](*inputs)
 
 
 @dataclass(frozen=True)
@@ -63,7 +68,7 @@ class FusedOp:
         module: str,
         kernels: tuple[str, ...],
         schema: str,
-        forward: Callable,
+        forward: Callable | None,
         fake: Callable,
         gradient: Gradient | None = None,
         backends: tuple[str, ...] = _backend.BACKENDS,
@@ -71,8 +76,10 @@ class FusedOp:
         custom_forward: Callable | None = None,
     ):
         self.name, self.module, self.kernels, self.gradient = name, module, kernels, gradient
-        self.forward, self.backends, self.forward_only = forward, backends, forward_only
-        body = forward if custom_forward is None else custom_forward
+        self.plain = forward is None  # run calls kernels[0](*inputs) itself
+        self.forward = _first_kernel if forward is None else forward
+        self.backends, self.forward_only = backends, forward_only
+        body = self.forward if custom_forward is None else custom_forward
         # the positions of the schema's tensor arguments: the eager route asks only them whether
         # autograd must record the call
         arguments = schema.split("->")[0].strip(" ()").split(", ")
@@ -101,10 +108,11 @@ class FusedOp:
     def _kernels_of(self, backend: str) -> tuple[Callable, ...]:
         return tuple(_kernels.get(backend, self.module, name) for name in self.kernels)
 
-    def __call__(self, device: torch.device, *inputs, empty: bool = False, backend: str | None = None):
+    def run(self, device: torch.device, inputs: tuple, empty: bool = False, backend: str | None = None):
         """The op on `inputs` (already in the kernel layout). empty: no work to do (the oracle then
         returns the empty result without any kernel launch). backend: this call's selection (the
-        choices of set_backend), None for the global one."""
+        choices of set_backend), None for the global one. (A method taking a tuple, not __call__
+        with *inputs: an instance call with keywords repacks its arguments, about 0.4 us a call.)"""
         # the main input's size picks the backend table's size bucket
         elements = 0 if empty else inputs[0].numel()
         if self.forward_only and torch.is_grad_enabled():
@@ -113,7 +121,7 @@ class FusedOp:
             backend, kernels = _kernels.for_eager(device, self.name, self.module, self.kernels, empty, elements, backend, self.backends)
             if self.gradient is not None and torch.is_grad_enabled() and any(inputs[i].requires_grad for i in self._tensor_inputs):
                 return self.function.apply(backend, kernels, *inputs)
-            return self.forward(kernels, backend, *inputs)
+            return kernels[0](*inputs) if self.plain else self.forward(kernels, backend, *inputs)
         if empty:
             backend = "torch"
         else:

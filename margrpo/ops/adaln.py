@@ -78,7 +78,7 @@ def ln_modulate(
         _check(backend)
     if x.dim() > _DEEP or shift.dim() > _DEEP or scale.dim() > _DEEP:
         backend = "torch"
-    return _LN_MODULATE(x.device, x, shift, scale, weight, bias, eps, backend=backend)
+    return _LN_MODULATE.run(x.device, (x, shift, scale, weight, bias, eps), backend=backend)
 
 
 def gate_residual(
@@ -101,4 +101,4 @@ def gate_residual(
         _check(backend)
     if residual.dim() > _DEEP or h.dim() > _DEEP or gate.dim() > _DEEP:
         backend = "torch"
-    return _GATE_RESIDUAL(residual.device, residual, h, gate, weight, bias, eps, backend=backend)
+    return _GATE_RESIDUAL.run(residual.device, (residual, h, gate, weight, bias, eps), backend=backend)

@@ -21,7 +21,7 @@ _OP = FusedOp(
     _MODULE,
     _KERNELS,
     "(Tensor prev, Tensor cur, Tensor final, float threshold, str backend) -> Tensor",
-    lambda kernels, backend, prev, cur, final, threshold: kernels[0](prev, cur, final, threshold),
+    None,  # forward: the kernel itself
     lambda prev, cur, final, threshold: prev.new_empty(prev.shape[0], dtype=torch.bool),
 )
 
@@ -38,7 +38,7 @@ def consistency_mask(prev: torch.Tensor, cur: torch.Tensor, final: torch.Tensor,
     key = plan = None
     if not torch.compiler.is_compiling():
         try:
-            key = (prev.shape, prev.dtype, prev.device, cur.shape, cur.dtype, cur.device, final.shape, final.dtype, final.device)
+            key = _validate.signature(prev, cur, final)
             plan = _PLANS.get(key)
         except (AttributeError, TypeError):  # an argument that is no tensor (the checks name it)
             key = None
@@ -48,7 +48,7 @@ def consistency_mask(prev: torch.Tensor, cur: torch.Tensor, final: torch.Tensor,
     M, C, dtype, device, out_shape = plan
     operand = _kernels.operand
     flat = [operand(t.reshape(M, C), dtype) for t in (prev, cur, final)]
-    out = _OP(device, *flat, threshold, empty=M == 0)  # no positions: no kernel launch
+    out = _OP.run(device, (*flat, threshold), M == 0)  # no positions: no kernel launch
     return out.reshape(*out_shape) if out_shape else out.reshape(())
 
 

@@ -160,16 +160,8 @@ def gaussian_logprob(
     key = plan = None
     if not torch.compiler.is_compiling():
         try:
-            key = (
-                x.shape,
-                x.dtype,
-                x.device,
-                mean.shape,
-                mean.dtype,
-                mean.device,
-                reduce,
-                (std.shape, std.dtype, std.device) if isinstance(std, torch.Tensor) else type(std),
-            )
+            tensors = _validate.signature(x, mean, std) if isinstance(std, torch.Tensor) else (_validate.signature(x, mean), type(std))
+            key = (tensors, reduce)
             plan = _PLANS.get(key)
         except (AttributeError, TypeError):  # an argument that is no tensor (the checks name it)
             key = None
@@ -183,5 +175,5 @@ def gaussian_logprob(
         std2 = torch.full((R, 1), float(std), dtype=dtype, device=plan.device)
     operand = _kernels.operand
     x2, mean2, std2 = operand(x.reshape(R, C), dtype), operand(mean.reshape(R, C), dtype), operand(std2, dtype)
-    out = _OP(plan.device, x2, mean2, std2, plan.code, bool(check_std), empty=R == 0)
+    out = _OP.run(plan.device, (x2, mean2, std2, plan.code, bool(check_std)), R == 0)
     return out.reshape(*plan.out_shape) if plan.out_shape else out.reshape(())

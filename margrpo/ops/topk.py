@@ -64,7 +64,7 @@ def _scores_and_k(scores: object, ratio: float | None, k: int | None) -> tuple[t
     key = None
     if not torch.compiler.is_compiling():
         try:
-            key = (scores.shape, scores.dtype, type(ratio), ratio, type(k), k)
+            key = (_validate.signature(scores), type(ratio), ratio, type(k), k)
             known = _PLANS.get(key)
         except (AttributeError, TypeError):  # not a tensor (the checks name it)
             key = known = None
@@ -99,11 +99,11 @@ def topk_mask(scores: torch.Tensor, ratio: float | None = None, k: int | None = 
     """
     scores, k = _scores_and_k(scores, ratio, k)
     # an empty batch or row: the oracle returns the empty result without any kernel launch
-    return _MASK(scores.device, scores, k, check_finite, empty=scores.numel() == 0)
+    return _MASK.run(scores.device, (scores, k, check_finite), scores.numel() == 0)
 
 
 def topk_indices(scores: torch.Tensor, ratio: float | None = None, k: int | None = None, *, check_finite: bool = True) -> torch.Tensor:
     """int64 [B, k]: the positions of the k largest scores per row, by descending score; equal scores
     are chosen and ordered toward the lower index. Arguments as in topk_mask."""
     scores, k = _scores_and_k(scores, ratio, k)
-    return _INDICES(scores.device, scores, k, check_finite, empty=scores.numel() == 0)
+    return _INDICES.run(scores.device, (scores, k, check_finite), scores.numel() == 0)

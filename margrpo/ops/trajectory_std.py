@@ -34,7 +34,7 @@ _OP = FusedOp(
     _MODULE,
     _KERNELS,
     "(Tensor samples, str backend) -> Tensor",
-    lambda kernels, backend, samples: kernels[0](samples),
+    None,  # forward: the kernel itself
     _fake,
     Gradient(
         lambda inputs, output: (inputs, ()),
@@ -57,7 +57,7 @@ def trajectory_std(samples: torch.Tensor) -> torch.Tensor:
     key = plan = None
     if not torch.compiler.is_compiling():
         try:
-            key = (samples.shape, samples.dtype, samples.device)
+            key = _validate.signature(samples)
             plan = _PLANS.get(key)
         except (AttributeError, TypeError):  # not a tensor (the checks name it)
             key = None
@@ -65,7 +65,7 @@ def trajectory_std(samples: torch.Tensor) -> torch.Tensor:
         plan = _plan(samples)
         _validate.remember(_PLANS, key, plan)
     K, M, C, out_shape = plan
-    out = _OP(samples.device, samples.reshape(K, M, C).contiguous(), empty=M == 0)
+    out = _OP.run(samples.device, (samples.reshape(K, M, C).contiguous(),), M == 0)
     return out.reshape(*out_shape) if out_shape else out.reshape(())
 
 
