@@ -14,10 +14,10 @@ namespace {
 
 void append(std::string& out, int64_t value) { out.append(reinterpret_cast<const char*>(&value), sizeof(value)); }
 
-// The metadata the public ops' checks depend on, for each argument (a tensor or None), packed into
-// one bytes object: rank, sizes, dtype and device. Equal bytes mean equal metadata, so it is an exact
-// memo key; reading the same from Python (.shape, .dtype, .device per tensor) costs about four times
-// as much, as much as a tenth of a small kernel.
+// The metadata the public ops' checks and layout work depend on, for each argument (a tensor or None),
+// packed into one bytes object: rank, sizes, dtype, device, and whether it is contiguous and requires
+// grad. Equal bytes mean equal metadata, so it is an exact memo key; reading the same from Python
+// (.shape, .dtype, .device, ... per tensor) costs several times as much, a tenth of a small kernel.
 pybind11::bytes signature(const pybind11::args& args) {
   std::string out;
   out.reserve(16 * sizeof(int64_t) * args.size());
@@ -33,6 +33,7 @@ pybind11::bytes signature(const pybind11::args& args) {
     for (const int64_t size : t.sizes()) append(out, size);
     append(out, static_cast<int64_t>(t.scalar_type()));
     append(out, static_cast<int64_t>(t.device().type()) << 16 | static_cast<int64_t>(t.device().index() + 1));
+    append(out, static_cast<int64_t>(t.is_contiguous()) | static_cast<int64_t>(t.requires_grad()) << 1);
   }
   return pybind11::bytes(out);
 }
@@ -47,5 +48,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("with_cuda") = false;
   m.attr("cuda_archs") = std::vector<int>{};
 #endif
-  m.def("signature", &signature, "rank, sizes, dtype and device of each tensor argument (None allowed), as bytes");
+  m.def("signature", &signature, "rank, sizes, dtype, device, contiguity and requires_grad of each tensor argument (None allowed), as bytes");
 }

@@ -312,3 +312,39 @@ def test_a_call_without_mte_mask_equals_an_all_false_one(gen):
     for _ in range(2):
         implicit = ops.grpo_surrogate(logp, old, advantages, mask)
         assert torch.equal(implicit.loss, explicit.loss) and torch.equal(implicit.stats, explicit.stats)
+
+
+@pytest.mark.parametrize("dtype", [F32, F64])
+def test_operands_passed_as_they_are_equal_the_normalised_call(gen, dtype):
+    """The trainer's form (3-D logp, float weights, aggregation "sum", everything contiguous in the
+    compute dtype) goes to the kernel as it is; a non-contiguous copy, constants that record autograd
+    and a missing mte_mask take the normalising path: the same loss, statistics and logp gradient, bit
+    for bit, and no gradient reaches the constants."""
+    logp, old, advantages = inputs(gen, 3, 4, 10, dtype, "cpu")
+    weights = ops.token_weights(torch.rand(4, 10, generator=gen) < 0.7, dtype=dtype)
+    mte = torch.rand(4, 10, generator=gen) < 0.3
+
+    def call(logp, old, advantages, weights, mte):
+        out = ops.grpo_surrogate(logp, old, advantages, weights, mte_mask=mte, aggregation="sum")
+        (grad,) = torch.autograd.grad(out.loss, logp)
+        return out.loss.detach(), out.stats, grad
+
+    def strided(t):  # the same values, every other element of a wider tensor
+        wide = torch.empty(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype)
+        wide[..., ::2] = t.detach()
+        return wide[..., ::2]
+
+    for _ in range(2):  # the second call reads the remembered plan
+        want = call(logp, old, advantages, weights, mte)
+        logp_strided = strided(logp).requires_grad_()
+        tracked = [t.clone().requires_grad_() for t in (old, advantages, weights)]
+        variants = [
+            call(logp_strided, strided(old), strided(advantages), strided(weights), strided(mte)),
+            call(logp, *tracked, mte),
+        ]
+        for got in variants:
+            assert all(torch.equal(a, b) for a, b in zip(got, want))
+        assert all(t.grad is None for t in tracked)
+    no_mte = call(logp, old, advantages, weights, None)
+    with_zeros = call(logp, old, advantages, weights, torch.zeros_like(mte))
+    assert all(torch.equal(a, b) for a, b in zip(no_mte, with_zeros))

@@ -83,12 +83,18 @@ def pick(
     return _pick(device.type, op, module, names, selection or _backend.get_backend(), size, implemented)
 
 
+_is_compiling = torch.compiler.is_compiling
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_functorch_active = torch._C._are_functorch_transforms_active
+
+
 def direct_call_allowed() -> bool:
     """Whether a public op may call its kernels directly instead of its custom op: not while
     torch.compile traces it, nor under a dispatch mode or torch.func transform, which need the custom
     op's fake implementation and autograd registration. (torch.compile reads the first test as a
-    constant True and never traces the other two.)"""
-    return not (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0 or torch._C._are_functorch_transforms_active())
+    constant True and never traces the other two. The module-level names save the attribute lookups
+    on every op call.)"""
+    return not (_is_compiling() or _dispatch_modes() > 0 or _functorch_active())
 
 
 class _Picks:

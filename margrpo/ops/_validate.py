@@ -97,12 +97,13 @@ def broadcast_shape(**shapes: tuple[int, ...]) -> tuple[int, ...]:
 def _python_signature(*tensors: torch.Tensor | None) -> tuple:
     if not all(t is None or isinstance(t, torch.Tensor) for t in tensors):
         raise TypeError("signature: expected tensors or None")
-    return tuple(None if t is None else (t.shape, t.dtype, t.device) for t in tensors)
+    return tuple(None if t is None else (t.shape, t.dtype, t.device, t.is_contiguous(), t.requires_grad) for t in tensors)
 
 
-# signature(*tensors) -> an exact memo key of the tensors' (or None's) rank, sizes, dtype and device.
-# The extension's version packs them into bytes in C++, about four times cheaper than reading them
-# in Python (which an extension without it, or none, falls back to). A non-tensor raises TypeError.
+# signature(*tensors) -> an exact memo key of the tensors' (or None's) rank, sizes, dtype, device,
+# contiguity and requires_grad: what the ops' checks and layout work depend on. The extension's
+# version packs them into bytes in C++, several times cheaper than reading them in Python (which an
+# extension without it, or none, falls back to). A non-tensor raises TypeError.
 try:
     from margrpo._C import signature
 except ImportError:

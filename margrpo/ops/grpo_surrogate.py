@@ -159,27 +159,23 @@ def grpo_surrogate(
     B, L, dtype, device, clip_low, clip_high, ready, empty = plan
     if check_finite and device.type == "cpu" and _kernels.direct_call_allowed():  # free here; on a GPU a host sync
         _validate.all_finite("advantages", advantages, "(a NaN reward, or advantages of an empty group?)")
-    if mte_mask is None:
-        mte_mask = _all_false(B, L, device)
-    if ready:  # already in the kernels' layout (the trainer's call): only contiguity to ensure
-        # (detached inline when they record autograd: a helper's frame per tensor costs 0.1 us)
-        args = (
-            logp.contiguous(),
-            (old_logp.detach() if old_logp.requires_grad else old_logp).contiguous(),
-            (advantages.detach() if advantages.requires_grad else advantages).contiguous(),
-            (mask.detach() if mask.requires_grad else mask).contiguous(),
-        )
+    if ready:  # the tensors are the kernels' operands as they are (the trainer's call)
+        mte = _all_false(B, L, device) if mte_mask is None else mte_mask
+        inputs = (logp, old_logp, advantages, mask, mte, clip_low, clip_high)
     else:
         # these tensors are small ([T, B, L]): computing all of them in the accumulation dtype keeps
         # the kernels to one dtype per call
         operand = _kernels.operand
-        args = (
+        inputs = (
             operand(logp if logp.ndim == 3 else logp.unsqueeze(0), dtype),
             operand(_constant(old_logp if old_logp.ndim == 3 else old_logp.unsqueeze(0)), dtype),
             operand(_constant(advantages), dtype),
             token_weights(_constant(mask), aggregation, dtype).contiguous(),
+            _all_false(B, L, device) if mte_mask is None else mte_mask.contiguous(),
+            clip_low,
+            clip_high,
         )
-    loss, stats, _ = _OP.run(device, (*args, mte_mask.contiguous(), clip_low, clip_high), empty)
+    loss, stats, _ = _OP.run(device, inputs, empty)
     return GRPOLoss(loss, stats)
 
 
@@ -216,8 +212,9 @@ def _plan(
 ) -> tuple:
     """Every check of grpo_surrogate's arguments but the advantages' values; an error names the argument.
     Returns (B, L, compute dtype, device, clip_low, clip_high, ready, empty): ready when the tensors
-    are in the kernels' layout already (3-D logp, everything in the compute dtype, float weights with
-    "sum"); empty when there is no term to compute."""
+    are the kernels' operands as they are (3-D logp, everything contiguous and in the compute dtype,
+    float weights with "sum", no constant that records autograd; the signature has each of these);
+    empty when there is no term to compute."""
     logp = _validate.float_tensor("logp", logp)
     old_logp = _validate.float_tensor("old_logp", old_logp)
     advantages = _validate.float_tensor("advantages", advantages)
@@ -245,5 +242,12 @@ def _plan(
     clip_low = _validate.number("clip_eps", clip_eps, low=0.0)
     clip_high = clip_low if clip_eps_high is None else _validate.number("clip_eps_high", clip_eps_high, low=0.0)
     dtype = oracle.acc_dtype(torch.promote_types(logp.dtype, old_logp.dtype))
-    ready = logp.ndim == 3 and aggregation == "sum" and all(t.dtype == dtype for t in (logp, old_logp, advantages, mask))
+    constants = (old_logp, advantages, mask) + (() if mte_mask is None else (mte_mask,))
+    ready = (
+        logp.ndim == 3
+        and aggregation == "sum"
+        and all(t.dtype == dtype for t in (logp, old_logp, advantages, mask))
+        and all(t.is_contiguous() for t in (logp, *constants))
+        and not any(t.requires_grad for t in constants)
+    )
     return B, L, dtype, device, clip_low, clip_high, ready, logp.numel() == 0

@@ -56,11 +56,14 @@ _OPS = {
 
 
 _MASK, _INDICES = _OPS["topk_mask"], _OPS["topk_indices"]
-_PLANS: dict[tuple, int] = {}  # call signature (scores' shape and dtype, ratio, k) -> k; _validate.remember
+# call signature (scores' metadata, ratio, k) -> (k, scores contiguous, no work); _validate.remember
+_PLANS: dict[tuple, tuple[int, bool, bool]] = {}
 
 
-def _scores_and_k(scores: object, ratio: float | None, k: int | None) -> tuple[torch.Tensor, int]:
-    """scores (contiguous) and the k of each row, after the checks; a signature that passed them skips them."""
+def _scores_and_k(scores: object, ratio: float | None, k: int | None) -> tuple[torch.Tensor, int, bool]:
+    """scores (contiguous), the k of each row and whether there is no work (an empty batch or row: the
+    oracle then returns the empty result without any kernel launch), after the checks; a signature
+    that passed them skips them."""
     key = None
     if not torch.compiler.is_compiling():
         try:
@@ -69,10 +72,12 @@ def _scores_and_k(scores: object, ratio: float | None, k: int | None) -> tuple[t
         except (AttributeError, TypeError):  # not a tensor (the checks name it)
             key = known = None
         if known is not None:
-            return scores.contiguous(), known
+            k, contiguous, empty = known
+            return (scores if contiguous else scores.contiguous()), k, empty  # type: ignore[union-attr]
     scores, k = _checked_scores_and_k(scores, ratio, k)
-    _validate.remember(_PLANS, key, k)
-    return scores.contiguous(), k
+    plan = (k, scores.is_contiguous(), scores.numel() == 0)
+    _validate.remember(_PLANS, key, plan)
+    return scores.contiguous(), k, plan[2]
 
 
 def _checked_scores_and_k(scores: object, ratio: float | None, k: int | None) -> tuple[torch.Tensor, int]:
@@ -97,13 +102,12 @@ def topk_mask(scores: torch.Tensor, ratio: float | None = None, k: int | None = 
         check_finite: raise ValueError when scores holds NaN (costs a host sync; turn it off on
             GPU hot paths where the scores are known to be clean). +-inf scores rank normally.
     """
-    scores, k = _scores_and_k(scores, ratio, k)
-    # an empty batch or row: the oracle returns the empty result without any kernel launch
-    return _MASK.run(scores.device, (scores, k, check_finite), scores.numel() == 0)
+    scores, k, empty = _scores_and_k(scores, ratio, k)
+    return _MASK.run(scores.device, (scores, k, check_finite), empty)
 
 
 def topk_indices(scores: torch.Tensor, ratio: float | None = None, k: int | None = None, *, check_finite: bool = True) -> torch.Tensor:
     """int64 [B, k]: the positions of the k largest scores per row, by descending score; equal scores
     are chosen and ordered toward the lower index. Arguments as in topk_mask."""
-    scores, k = _scores_and_k(scores, ratio, k)
-    return _INDICES.run(scores.device, (scores, k, check_finite), scores.numel() == 0)
+    scores, k, empty = _scores_and_k(scores, ratio, k)
+    return _INDICES.run(scores.device, (scores, k, check_finite), empty)
