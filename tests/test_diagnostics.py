@@ -137,8 +137,10 @@ def test_gradient_variance_is_paired_and_restores_the_settings(tmp_path, tiny_ch
     same = {"a": {"mte": True}, "b": {"mte": True}, "off": {"mte": False}}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        a, b, off = diagnostics.gradient_variance(trainer, rollouts=3, variants=same)
+        lines: list[str] = []
+        a, b, off = diagnostics.gradient_variance(trainer, rollouts=3, variants=same, progress=lines.append)
     assert not [w for w in caught if "lr_scheduler" in str(w.message)]  # the stand-in optimizer's, silenced
+    assert lines[0] == "variant 1/3 (a): rollout 1/3" and lines[-1] == "variant 3/3 (off): rollout 3/3" and len(lines) == 9
     assert a.total_variance > 0 and a.mean_sq_norm > 0
     assert a.signal_sq_norm == pytest.approx(a.mean_sq_norm - a.total_variance / 3)
     assert a.total_variance == pytest.approx(b.total_variance, rel=1e-12)  # same rollouts, same estimate

@@ -332,17 +332,25 @@ def mean_cosine(a: GradientVariance, b: GradientVariance) -> tuple[float, float,
     return point, low, high
 
 
-def gradient_variance(trainer, rollouts: int = 6, variants: dict[str, dict[str, object]] | None = None) -> list[GradientVariance]:
+def gradient_variance(
+    trainer, rollouts: int = 6, variants: dict[str, dict[str, object]] | None = None, progress=None
+) -> list[GradientVariance]:
     """The variance of the update direction over `rollouts` independent steps, for each variant of
     settings (default: with and without MTE; keys "grpo.X" or "rollout.X", a bare name is a grpo
-    setting), the same steps (prompts, seeds, plans) for every variant (paired)."""
+    setting), the same steps (prompts, seeds, plans) for every variant (paired). `progress`, when
+    given, receives a line after each rollout (a variant's rollouts take minutes on a CPU)."""
     if rollouts < 2:
         raise ValueError(f"rollouts: got {rollouts}, expected >= 2 (a variance needs two samples)")
     variants = variants or DEFAULT_VARIANTS
     out = []
-    for name in variants:
+    for index, name in enumerate(variants, 1):
+        rows = []
         with _variant_settings(trainer, variants, name):
-            flat = torch.stack([torch.cat([g.flatten() for g in _step_gradient(trainer, step)]).double() for step in range(rollouts)])
+            for step in range(rollouts):
+                rows.append(torch.cat([g.flatten() for g in _step_gradient(trainer, step)]).double())
+                if progress is not None:
+                    progress(f"variant {index}/{len(variants)} ({name}): rollout {step + 1}/{rollouts}")
+        flat = torch.stack(rows)
         mean = flat.mean(0)
         total = float((flat - mean).pow(2).sum(1).sum() / (rollouts - 1))
         sq = float(mean.pow(2).sum())
@@ -619,7 +627,7 @@ def main(argv: list[str] | None = None) -> int:
             f"  {'variant':<22} {'|mean g|^2':>11} {'tr Cov':>11} {'relative':>9} {'|E g|^2 est':>12}"
             f" {'SNR':>9} {'SNR 95% (jackknife)':>22}"
         )
-        results = gradient_variance(trainer, args.variance, variants)
+        results = gradient_variance(trainer, args.variance, variants, progress=lambda line: print(line, file=sys.stderr, flush=True))
         for v in results:
             snr_low, snr_high = signal_to_noise_interval(v)
             print(
