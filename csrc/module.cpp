@@ -29,6 +29,9 @@ pybind11::bytes signature(const pybind11::args& args) {
     }
     if (!THPVariable_Check(object)) throw pybind11::type_error("signature: expected tensors or None");
     const at::Tensor& t = THPVariable_Unpack(object);
+    // symbolic sizes (a tracer's fake tensor) have no fixed value to key on: the caller then checks
+    // every call, as for any argument it cannot key
+    if (t.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) throw pybind11::type_error("signature: symbolic sizes");
     append(out, t.dim());
     for (const int64_t size : t.sizes()) append(out, size);
     append(out, static_cast<int64_t>(t.scalar_type()));

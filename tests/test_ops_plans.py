@@ -120,3 +120,19 @@ def test_the_extension_signature_is_the_one_in_use_when_built():
     if extension is None or not hasattr(extension, "signature"):
         pytest.skip("margrpo._C not built with signature(): the Python signature is in use")
     assert _validate.signature is extension.signature
+
+
+def test_symbolic_sizes_are_not_keyed_and_the_op_still_runs():
+    """A tracer's fake tensor with symbolic sizes has no fixed signature: TypeError (the ops then
+    check that call without a memo), and the op runs on it through its custom op."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    dynamic = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.DYNAMIC])
+    scores = mode.from_tensor(torch.randn(4, 8), symbolic_context=dynamic)
+    for signature in (_validate.signature, _validate._python_signature):
+        with pytest.raises(TypeError):
+            hash(signature(scores))  # the Python key fails when hashed (a SymInt is unhashable)
+    with mode:
+        assert ops.topk_mask(scores, k=2).shape == scores.shape
