@@ -73,7 +73,7 @@ def _scores_and_k(scores: object, ratio: float | None, k: int | None) -> tuple[t
             key = known = None
         if known is not None:
             k, contiguous, empty = known
-            return (scores if contiguous else scores.contiguous()), k, empty  # type: ignore[union-attr]
+            return (scores if contiguous else scores.contiguous()), k, empty
     scores, k = _checked_scores_and_k(scores, ratio, k)
     plan = (k, scores.is_contiguous(), scores.numel() == 0)
     _validate.remember(_PLANS, key, plan)
