@@ -43,9 +43,31 @@ def test_eager_log_density_is_the_formula_in_float64():
 
 
 def test_rollout_bench_stand_in_takes_a_non_square_token_count():
+    from margrpo.bench.denoise import CASES, make_sampler
     from margrpo.bench.rollout import StandInBackbone
     from margrpo.heads import nova_head
+    from margrpo.models.base import check_backbone
 
-    backbone = StandInBackbone(nova_head("d3w1280", 64), num_tokens=32, token_channels=16)
+    case = CASES["nova-d3w1280"]
+    backbone = StandInBackbone(
+        nova_head("d3w1280", 64), num_tokens=32, token_channels=16, sampler_factory=lambda n: make_sampler(case, n or 7)
+    )
+    assert check_backbone(backbone) is backbone  # the rollout's protocol check passes
+    assert backbone.make_sampler().num_steps == 7 and backbone.make_sampler(3).num_steps == 3
     images = backbone.decode(torch.randn(2, 32, 16))
     assert images.shape == (2, 3, 1, 32) and images.min() > 0
+
+
+def test_rollout_bench_runs_the_real_size_heads(capsys):
+    """The GPU script's rollout phase at toy sizes: the NOVA and Harmon heads behind the stand-in."""
+    from margrpo.bench import rollout as bench
+
+    argv = ["--models", "harmon,nova", "--batch", "1", "--tokens", "8", "--mask-steps", "2", "--diffusion-steps", "2"]
+    assert bench.main([*argv, "--repeats", "1", "--warmup-mask-steps", "2", "--paths", "fused,reference"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith(("harmon ", "nova "))]
+    assert sorted((row[0], row[1]) for row in rows) == [
+        ("harmon", "fused"),
+        ("harmon", "reference"),
+        ("nova", "fused"),
+        ("nova", "reference"),
+    ]

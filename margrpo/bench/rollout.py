@@ -58,13 +58,17 @@ _STARTED = time.perf_counter()  # progress lines say when (the GPU script's limi
 
 
 class StandInBackbone(nn.Module):
-    """A MARBackbone whose z is one linear map of the canvas plus position and prompt embeddings:
-    negligible next to the head, so a benchmark of the rollout measures the sampling work."""
+    """A MARBackbone whose z is one linear map of the canvas plus position and prompt embeddings, layer
+    normalised: negligible next to the head, so a benchmark of the rollout measures the sampling work.
+    Its sampler is the head's (`sampler_factory(num_steps)`)."""
 
-    def __init__(self, head: nn.Module, num_tokens: int, token_channels: int, vocab: int = 1024):
+    def __init__(
+        self, head: nn.Module, num_tokens: int, token_channels: int, sampler_factory: Callable[[int | None], object], vocab: int = 1024
+    ):
         super().__init__()
         width = head.z_channels
         self.num_tokens, self.token_channels, self.vocab = num_tokens, token_channels, vocab
+        self._sampler_factory = sampler_factory  # the head's own sampler, by number of steps
         self.word_embed = nn.Embedding(vocab, width)
         self.token_in = nn.Linear(token_channels, width)
         self.mask_embed = nn.Parameter(torch.randn(width) * 0.02)
@@ -88,11 +92,15 @@ class StandInBackbone(nn.Module):
     def forward_z(self, prompts: PromptBatch, canvas: torch.Tensor, known: torch.Tensor, known_count: int | None = None) -> torch.Tensor:
         text = (prompts.embeds * prompts.mask[..., None]).sum(1) / prompts.mask.sum(1, keepdim=True).clamp(min=1)
         tokens = torch.where(known[..., None], self.token_in(canvas), self.mask_embed)
-        return tokens + self.pos_embed + text[:, None]
+        # normalised, as a transformer's final norm leaves z: a random head's wild tokens stay out of it
+        return nn.functional.layer_norm(tokens + self.pos_embed + text[:, None], tokens.shape[-1:])
 
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         """A [B, 3, 1, N] strip of the first 3 channels (any token count; nothing reads its pixels)."""
         return tokens[..., :3].transpose(1, 2).unsqueeze(2).sigmoid()
+
+    def make_sampler(self, num_steps: int | None = None):
+        return self._sampler_factory(num_steps)
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for name, p in self.named_parameters() if not name.startswith("head.")]
@@ -117,7 +125,9 @@ def make_setup(model: str, device: torch.device, dtype: torch.dtype, tokens: int
         prompts = ("a red square", "two blue circles", "a green triangle left of a yellow circle")
         return Setup(backbone, backbone.make_sampler(diffusion_steps), config, prompts)
     case = CASES["nova-d6w1024" if model == "nova" else "harmon-mar_h"]
-    backbone = StandInBackbone(build(case, device, dtype), tokens, 16).to(device)
+    backbone = StandInBackbone(build(case, device, dtype), tokens, 16, lambda steps: make_sampler(case, steps or diffusion_steps)).to(
+        device
+    )
     backbone.head.to(dtype)
     config = RolloutConfig(
         num_mask_steps=mask_steps,
@@ -127,7 +137,7 @@ def make_setup(model: str, device: torch.device, dtype: torch.dtype, tokens: int
         num_seeds=case.num_seeds,
         **record,
     )
-    return Setup(backbone, make_sampler(case, diffusion_steps), config, ("a photo of a cat", "a red car on a road"))
+    return Setup(backbone, backbone.make_sampler(diffusion_steps), config, ("a photo of a cat", "a red car on a road"))
 
 
 @torch.no_grad()
