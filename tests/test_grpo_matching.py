@@ -300,7 +300,7 @@ def test_commit_chains_of_later_tokens_come_from_their_commit_step(tiny):
     torch.testing.assert_close(rescored.logp, commit.logp, rtol=1e-9, atol=1e-9)  # on-policy: ratio 1
     # the chain a later position gets at step 0 is the one its commit step records: compare x_t at a
     # diffusion step both steps record (step 0 records diffusion steps (0, 3), step 3 records (0, 2))
-    n3 = commit.step_revealed(2)
+    n3 = commit.slots[2].revealed
     for b in range(commit.batch_size):
         pos3 = commit.positions(2)[b, :n3].tolist()  # committed at recorded step index 2 (mask step 3)
         pos0 = commit.positions(0)[b].tolist()

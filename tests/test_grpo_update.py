@@ -230,13 +230,13 @@ def test_recorded_transitions_index_l_as_documented(tiny, known_mask):
     rollout = _rollout(model, sampler, plan=consecutive, known_mask=known_mask)
     T, B, L = rollout.logp.shape
     for j in range(3):
-        P = rollout.step_positions_count(j)
+        P = rollout.slots[j].count
         part = rollout.l_slice(j)
         assert part.stop - part.start == 2 * P
         x_t, x_prev = (values[:, :, part].unflatten(2, (2, P)) for values in (rollout.x_t, rollout.x_prev))
         torch.testing.assert_close(x_prev[:, :, 0], x_t[:, :, 1], rtol=0, atol=0)  # step r's output is step r + 1's input
         assert not torch.equal(x_t[:, :, 0], x_t[:, :, 1])
-    assert L == 2 * sum(rollout.step_positions_count(j) for j in range(3)) and T == 3
+    assert L == 2 * sum(rollout.slots[j].count for j in range(3)) and T == 3
 
 
 def test_rollout_chunks_committed_masks_and_update_values(tiny):

@@ -39,7 +39,7 @@ from unittest import mock
 import pytest
 import torch
 
-from margrpo.grpo import policy_update
+from margrpo.grpo import Collectives, policy_update
 from margrpo.heads.nova_head import unpatchify
 from margrpo.rollout import Rollout, RolloutConfig
 from margrpo.rollout.likelihood import RolloutLikelihood
@@ -104,7 +104,7 @@ class Case:
             config=config,
             sampler=None,
         )
-        L = sum(shell.step_positions_count(j) for j in range(M)) * R
+        L = sum(shell.slots[j].count for j in range(M)) * R
         x_prev = randn(T, B, L, C)
         if model == "nova":  # fixed variance: one std per recorded diffusion step, whatever the trajectory
             per_step = 0.2 + 0.3 * torch.rand(1, B, L, 1, generator=gen, dtype=torch.float64)
@@ -124,7 +124,7 @@ class Case:
         self.rewards = randn(B)
         self.config = load_config(PRESETS[model], [f"grpo.minibatches={M}", *overrides])
         self.trainer = Trainer.__new__(Trainer)  # for its advantages only
-        self.trainer.config, self.trainer.rank = self.config, 0
+        self.trainer.config, self.trainer.rank, self.trainer.collectives = self.config, 0, Collectives()
         if config.known_mask == "post_step":
             # the rollout's std above is the post-step re-evaluation; the main chain was drawn with another
             sampled_std = 0.2 + 0.3 * torch.rand(1, B, L, C, generator=gen, dtype=torch.float64)
@@ -261,8 +261,8 @@ def reference_losses(case: Case, *, mte: bool, consistency: bool, beta: float, s
         ref_mean = to_maps(case, scatter_step(case, case.ref_mean, j))
         likelihood_tokens = torch.zeros(B, N, dtype=torch.bool).scatter(1, r.positions(j), True)
         committed = torch.zeros(B, N, dtype=torch.bool)
-        start = r.step_start(j)
-        committed.scatter_(1, r.order[:, start : start + r.step_revealed(j)], True)
+        start = r.slots[j].start
+        committed.scatter_(1, r.order[:, start : start + r.slots[j].revealed], True)
         cm = position_mask(case, likelihood_tokens)
         std = torch.where(std > 0, std, torch.ones_like(std))  # outside the positions (masked out anyway)
         lp = -((x_prev - mean) ** 2) / (2 * std**2) - std.log() - 0.5 * math.log(2 * math.pi)  # [R, T, B, ...]

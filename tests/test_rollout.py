@@ -280,7 +280,7 @@ def reference_rollout(backbone, prompts, config, seeds, sampler):
 
 def _recorded(rollout, b, j):
     """The transitions of image b at recorded step j as five tensors [R, T, P, ...]."""
-    R, P = rollout.plan.num_diffusion_steps, rollout.step_positions_count(j)
+    R, P = rollout.plan.num_diffusion_steps, rollout.slots[j].count
     part = rollout.l_slice(j)
     fields = (rollout.x_t, rollout.x_prev, rollout.mean, rollout.std, rollout.logp)
     return [f[:, b, part].reshape(rollout.num_trajectories, R, P, *f.shape[3:]).transpose(0, 1) for f in fields]
@@ -304,7 +304,7 @@ def test_rollout_matches_plain_reference_at_the_planned_steps(backbone64, sample
     R, M = config.record_diffusion_steps, config.record_mask_steps
     assert rollout.tokens.shape == (B, N, C) and rollout.seed_tokens.shape == (K, B, N, C)
     assert rollout.images.shape == (B, 3, 3, N // 3)
-    L = R * sum(rollout.step_revealed(j) for j in range(M))
+    L = R * sum(rollout.slots[j].revealed for j in range(M))
     assert rollout.x_t.shape == (K + 1, B, L, C) and rollout.logp.shape == (K + 1, B, L)
     assert rollout.pred_clean is None and rollout.pred_clean_prev is None
     effective = [s for s, n in enumerate(rollout.reveal_counts) if n > 0]
@@ -416,14 +416,14 @@ def test_l_layout_helpers(backbone, sampler):
     assert torch.equal(rollout.expand_to_l(per_step), rollout.l_step().expand(B, -1))
     committed = rollout.l_committed()
     R = rollout.plan.num_diffusion_steps
-    assert int(committed.sum()) == R * sum(rollout.step_revealed(j) for j in range(M))
+    assert int(committed.sum()) == R * sum(rollout.slots[j].revealed for j in range(M))
     for j in range(M):
         canvas, known = rollout.canvas_known(j)
-        assert int(known.sum(1)[0]) == rollout.step_start(j)
+        assert int(known.sum(1)[0]) == rollout.slots[j].start
         assert torch.equal(canvas[known], rollout.tokens[known]) and not canvas[~known].any()
         # unknown mode: the likelihood positions are exactly those unknown before the step
         assert not known.gather(1, rollout.positions(j)).any()
-        assert rollout.positions(j).shape[1] == N - rollout.step_start(j)
+        assert rollout.positions(j).shape[1] == N - rollout.slots[j].start
     with pytest.raises(ValueError, match="values"):
         rollout.expand_to_l(torch.zeros(B, N + 1))
 
@@ -502,17 +502,17 @@ def test_unknown_mode_predictions(backbone, sampler):
     torch.testing.assert_close(rollout.pred_clean[:, -1], rollout.tokens, atol=0, rtol=0)  # last step commits all
     for j in range(M):
         _, known = rollout.canvas_known(j)
-        committed = rollout.positions(j)[:, : rollout.step_revealed(j)]
+        committed = rollout.positions(j)[:, : rollout.slots[j].revealed]
         after = known.scatter(1, committed, True)
         assert torch.equal(rollout.pred_clean[:, j][after], rollout.tokens[after])
         # the predictions for positions that stay masked are samples of the head, not the final tokens
         if (~after).any():
             assert not torch.allclose(rollout.pred_clean[:, j][~after], rollout.tokens[~after])
         # common random numbers: a position's initial noise x_T is the same at every mask step
-        x_T = rollout.x_t[:, :, rollout.l_slice(j)][:, :, : rollout.step_positions_count(j)]  # r = 0 block
+        x_T = rollout.x_t[:, :, rollout.l_slice(j)][:, :, : rollout.slots[j].count]  # r = 0 block
         if j + 1 < M:
-            later = rollout.x_t[:, :, rollout.l_slice(j + 1)][:, :, : rollout.step_positions_count(j + 1)]
-            skip = rollout.step_revealed(j)
+            later = rollout.x_t[:, :, rollout.l_slice(j + 1)][:, :, : rollout.slots[j + 1].count]
+            skip = rollout.slots[j].revealed
             assert torch.equal(x_T[:, :, skip:], later)
 
 

@@ -175,7 +175,7 @@ def test_post_step_keeps_the_image_and_the_drawn_transitions(tiny):
     for name in ("order", "tokens", "seed_tokens", "images", "pred_clean", "pred_clean_prev"):
         torch.testing.assert_close(getattr(post, name), getattr(pre, name), rtol=0, atol=0)
     for j in range(PLAN.num_mask_steps):
-        n, P_pre, P_post = pre.step_revealed(j), pre.step_positions_count(j), post.step_positions_count(j)
+        n, P_pre, P_post = pre.slots[j].revealed, pre.slots[j].count, post.slots[j].count
         assert P_post == P_pre - n
         for name in ("x_t", "x_prev"):
             per_pre = getattr(pre, name)[:, :, pre.l_slice(j)].unflatten(2, (-1, P_pre))
@@ -194,11 +194,11 @@ def test_likelihood_positions_are_exactly_the_post_step_unknowns(tiny):
         before = sum(rollout.reveal_counts[:step])
         expected_count = (N - before) - rollout.reveal_counts[step]
         positions = rollout.positions(j)
-        assert positions.shape == (B, expected_count) == (B, rollout.step_positions_count(j))
+        assert positions.shape == (B, expected_count) == (B, rollout.slots[j].count)
         for b in range(B):
             known_after = set(rollout.order[b, : _known_after(rollout, j)].tolist())
             assert set(positions[b].tolist()) == set(range(N)) - known_after
-    assert rollout.logp.shape[2] == R * sum(rollout.step_positions_count(j) for j in range(M))
+    assert rollout.logp.shape[2] == R * sum(rollout.slots[j].count for j in range(M))
     assert not rollout.l_committed().any()
     # MTE / consistency masks land on the transitions' own positions
     gen = torch.Generator().manual_seed(5)
@@ -243,8 +243,8 @@ def test_a_recorded_final_step_records_nothing_and_backpropagates(tiny):
     final = effective_steps(list(mask_schedule(16, 5, "harmon")))[-1]
     plan = RecordPlan(mask_steps=(2, final), diffusion_steps=((0, 3), (1, 2)))
     rollout = generate(model, PROMPTS, _config(), SEEDS, sampler=sampler, plan=plan)
-    assert rollout.step_positions_count(1) == 0 and rollout.l_slice(1).start == rollout.l_slice(1).stop
-    assert rollout.logp.shape[2] == plan.num_diffusion_steps * rollout.step_positions_count(0)
+    assert rollout.slots[1].count == 0 and rollout.l_slice(1).start == rollout.l_slice(1).stop
+    assert rollout.logp.shape[2] == plan.num_diffusion_steps * rollout.slots[0].count
     policy = copy.deepcopy(model).train()
     empty = rollout_logprob(policy, rollout, steps=[1])
     assert empty.logp.shape == (3, len(PROMPTS), 0) and empty.logp.requires_grad
@@ -300,7 +300,7 @@ def test_sampled_std_is_the_pre_step_draws_std(request, variance):
     B, L, C = len(PROMPTS), post.num_transitions, model.token_channels
     assert post.sampled_std.shape == (1, B, L, C) and post.sampled_std.dtype == post.std.dtype
     for j in range(PLAN.num_mask_steps):
-        n, P_pre, P_post = pre.step_revealed(j), pre.step_positions_count(j), post.step_positions_count(j)
+        n, P_pre, P_post = pre.slots[j].revealed, pre.slots[j].count, post.slots[j].count
         drawn = pre.std[:1, :, pre.l_slice(j)].unflatten(2, (-1, P_pre))[:, :, :, n:]
         sampled = post.sampled_std[:, :, post.l_slice(j)].unflatten(2, (-1, P_post))
         torch.testing.assert_close(sampled, drawn, rtol=0, atol=0)

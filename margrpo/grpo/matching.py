@@ -98,7 +98,7 @@ def draw_matching(rollout: Rollout, num_draws: int, time_range: tuple[float, flo
     if isinstance(num_draws, bool) or not isinstance(num_draws, int) or num_draws < 1:
         raise ValueError(f"num_draws: got {num_draws!r}, expected an integer >= 1")
     C, device, dtype = rollout.tokens.shape[-1], rollout.tokens.device, rollout.tokens.dtype
-    counts = [rollout.step_revealed(j) for j in range(rollout.plan.num_mask_steps)]
+    counts = [rollout.slots[j].revealed for j in range(rollout.plan.num_mask_steps)]
     per_image = []
     for seed in rollout.seeds.tolist():
         generator = torch.Generator().manual_seed(_draw_seed(seed))
@@ -123,7 +123,7 @@ def committed_columns(rollout: Rollout, steps: Sequence[int] | None) -> torch.Te
         return slice(None)
     offsets = [0]
     for j in range(rollout.plan.num_mask_steps):
-        offsets.append(offsets[-1] + rollout.step_revealed(j))
+        offsets.append(offsets[-1] + rollout.slots[j].revealed)
     parts = [torch.arange(offsets[j], offsets[j + 1]) for j in steps]
     return torch.cat(parts).to(rollout.order.device) if parts else rollout.order.new_zeros(0)
 
@@ -159,10 +159,10 @@ def matching_values(
     sampler, head = rollout.sampler, model.head
     predictions, targets, actives = [], [], []
     for j in steps:
-        n = rollout.step_revealed(j)
-        positions = rollout.order[:, rollout.step_start(j) : rollout.step_start(j) + n]  # committed at step j
+        n = rollout.slots[j].revealed
+        positions = rollout.order[:, rollout.slots[j].start : rollout.slots[j].start + n]  # committed at step j
         canvas, known = rollout.canvas_known(j)
-        z = head_condition(forward_rows(model, rows, canvas, known, rollout.known_count(j)), rows, positions)
+        z = head_condition(forward_rows(model, rows, canvas, known, rollout.slots[j].known), rows, positions)
         x0 = rollout.tokens.gather(1, positions[..., None].expand(-1, -1, C)).reshape(B * n, C)
         t, noise = draws.times[j].reshape(D, B * n), draws.noise[j].reshape(D, B * n, C)
         target = sampler.training_target(x0.expand(D, -1, -1), noise, t)
@@ -260,8 +260,8 @@ def prepare_matching(policy, ref_context, rollout: Rollout, config, batches, sam
         ]  # [B, N]
         active, picked = [], []
         for j in range(rollout.plan.num_mask_steps):
-            start = rollout.step_start(j)
-            picked.append(uncertain.gather(1, rollout.order[:, start : start + rollout.step_revealed(j)]))  # [B, n_j]
+            start = rollout.slots[j].start
+            picked.append(uncertain.gather(1, rollout.order[:, start : start + rollout.slots[j].revealed]))  # [B, n_j]
             every = torch.ones(base, *picked[-1].shape, dtype=torch.bool, device=uncertain.device)
             active.append(torch.cat([every, picked[-1][None].expand(extra, -1, -1)]))
         draws = draws.with_active(active)
@@ -270,7 +270,7 @@ def prepare_matching(policy, ref_context, rollout: Rollout, config, batches, sam
         draws = draw_matching(rollout, config.matching_draws, tuple(config.matching_times))
     keep = torch.ones(
         rollout.batch_size,
-        sum(rollout.step_revealed(j) for j in range(rollout.plan.num_mask_steps)),
+        sum(rollout.slots[j].revealed for j in range(rollout.plan.num_mask_steps)),
         dtype=torch.bool,
         device=rollout.tokens.device,
     )

@@ -45,6 +45,8 @@ class Collectives:
     reduce_gradients: Callable[[torch.nn.Module], None] = lambda module: None  # average .grad over ranks
     clip_grad_norm: Callable[[list, float], torch.Tensor] = torch.nn.utils.clip_grad_norm_  # -> the norm before
     mean: Callable[[float], float] = float  # the mean of a number over ranks
+    all_gather_cat: Callable[[torch.Tensor], torch.Tensor] = lambda values: values  # every rank's, in rank order
+    all_gather_objects: Callable[[list], list] = list  # every rank's items, in rank order
 
 
 @dataclass

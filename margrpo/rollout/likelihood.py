@@ -72,9 +72,10 @@ def rollout_logprob(
     for j in steps:
         canvas, known = rollout.canvas_known(j)
         positions = rollout.positions(j)
-        z = forward_rows(backbone, rows, canvas, known, rollout.known_count(j))
+        slot = rollout.slots[j]
+        z = forward_rows(backbone, rows, canvas, known, slot.known)
         z_rows = head_condition(z, rows, positions)
-        part = rollout.l_slice(j)
+        part = slot.columns
         # the step's part of L is its [R, P_j] transitions: the head reads it as a [T, B, R, P_j, C] view
         x_t, x_prev = (values[:, :, part].unflatten(2, (R, positions.shape[1])) for values in (rollout.x_t, rollout.x_prev))
         logp, mean = transitions_logprob(

@@ -39,7 +39,7 @@ import dataclasses
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -50,6 +50,16 @@ RECORDED = ("x_t", "x_prev", "mean", "std", "logp")  # the per-transition fields
 # the trajectory-first fields (transitions [T, B, L, ...], seed tokens [K, B, N, C]): their image
 # axis is 1; every other tensor field's is 0
 TRAJECTORY_FIRST = (*RECORDED, "sampled_std", "old_logp", "old_mean", "ref_logp", "ref_mean", "seed_tokens")
+
+
+class StepSlots(NamedTuple):
+    """Where recorded mask step j sits (the symbols of the module docstring)."""
+
+    start: int  # tokens known before the step: order[:, :start]
+    revealed: int  # n_j, committed at the step: order[:, start : start + n_j]
+    known: int  # tokens known in the step's training forward (start, plus n_j with the post-step known mask)
+    count: int  # P_j likelihood positions: order[:, known : known + P_j]
+    columns: slice  # its R x P_j transitions on the L axis: offset_j ... offset_j + R P_j
 
 
 @dataclass
@@ -147,25 +157,19 @@ class Rollout:
         """L: recorded transitions per image and trajectory."""
         return self.logp.shape[2]
 
-    def step_start(self, j: int) -> int:
-        """Tokens known before recorded mask step j."""
-        return sum(self.reveal_counts[: self.plan.mask_steps[j]])
-
-    def step_revealed(self, j: int) -> int:
-        """n_j: tokens revealed (committed) at recorded mask step j."""
-        return self.reveal_counts[self.plan.mask_steps[j]]
-
-    def known_count(self, j: int) -> int:
-        """Tokens known in the training forward of recorded mask step j: those revealed before it,
-        plus its own n_j with the post-step known mask."""
-        post_step = self.config.known_mask == "post_step"
-        return self.step_start(j) + (self.step_revealed(j) if post_step else 0)
-
-    def step_positions_count(self, j: int) -> int:
-        """P_j: positions of recorded step j in the likelihood."""
-        if self.config.likelihood_positions == "revealed":
-            return self.step_revealed(j)
-        return self.num_tokens - self.known_count(j)
+    @functools.cached_property
+    def slots(self) -> tuple[StepSlots, ...]:
+        """Where each recorded mask step sits in the images' order and on the L axis (the same for
+        every image: computed once per rollout from the schedule and the plan)."""
+        R, post_step = self.plan.num_diffusion_steps, self.config.known_mask == "post_step"
+        revealed_mode, out, column = self.config.likelihood_positions == "revealed", [], 0
+        for step in self.plan.mask_steps:
+            start, n = sum(self.reveal_counts[:step]), self.reveal_counts[step]
+            known = start + (n if post_step else 0)
+            count = n if revealed_mode else self.num_tokens - known
+            out.append(StepSlots(start, n, known, count, slice(column, column + R * count)))
+            column += R * count
+        return tuple(out)
 
     def effective_index(self, j: int) -> int:
         """The position of recorded mask step j among the schedule's effective (revealing) steps."""
@@ -173,27 +177,25 @@ class Rollout:
 
     def committed(self, j: int) -> torch.Tensor:
         """bool [B, N]: the tokens committed (revealed) at recorded mask step j."""
-        start = self.step_start(j)
+        slot = self.slots[j]
         mask = torch.zeros(self.order.shape, dtype=torch.bool, device=self.order.device)
-        return mask.scatter_(1, self.order[:, start : start + self.step_revealed(j)], True)
+        return mask.scatter_(1, self.order[:, slot.start : slot.start + slot.revealed], True)
 
     def l_slice(self, j: int) -> slice:
         """The slice of the L axis that holds recorded mask step j (its R x P_j transitions)."""
-        R = self.plan.num_diffusion_steps
-        start = R * sum(self.step_positions_count(i) for i in range(j))
-        return slice(start, start + R * self.step_positions_count(j))
+        return self.slots[j].columns
 
     # ------------------------------------------------------------------ derived per-step state
     def positions(self, j: int) -> torch.Tensor:
         """int64 [B, P_j]: the token positions of recorded step j, committed ones first."""
-        start = self.known_count(j)
-        return self.order[:, start : start + self.step_positions_count(j)]
+        slot = self.slots[j]
+        return self.order[:, slot.known : slot.known + slot.count]
 
     def canvas_known(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(canvas [B, N, C], known bool [B, N]) of recorded mask step j's training forward: the state
         before the step (pre-step known mask) or after it (post-step)."""
         known = torch.zeros(self.order.shape, dtype=torch.bool, device=self.order.device)
-        known.scatter_(1, self.order[:, : self.known_count(j)], True)
+        known.scatter_(1, self.order[:, : self.slots[j].known], True)
         canvas = torch.where(known[..., None], self.tokens, self.tokens.new_zeros(()))
         return canvas, known
 
@@ -201,18 +203,18 @@ class Rollout:
         """The L-axis columns of the recorded mask steps `steps` (all when None), in their order."""
         if steps is None:
             return slice(None)
-        parts = [torch.arange(self.l_slice(j).start, self.l_slice(j).stop) for j in steps]
+        parts = [torch.arange(self.slots[j].columns.start, self.slots[j].columns.stop) for j in steps]
         return torch.cat(parts).to(self.order.device) if parts else self.order.new_zeros(0)
 
     def l_positions(self) -> torch.Tensor:
         """int64 [B, L]: the token position of every recorded transition."""
         R = self.plan.num_diffusion_steps
-        parts = [self.positions(j).repeat(1, R) for j in range(self.plan.num_mask_steps)]
+        parts = [self.positions(j).repeat(1, R) for j in range(len(self.slots))]
         return torch.cat(parts, 1) if parts else self.order.new_zeros(self.batch_size, 0)
 
     def l_step(self) -> torch.Tensor:
         """int64 [L]: the recorded mask-step index j of every transition."""
-        sizes = [self.l_slice(j).stop - self.l_slice(j).start for j in range(self.plan.num_mask_steps)]
+        sizes = [slot.columns.stop - slot.columns.start for slot in self.slots]
         steps = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes, dtype=torch.long))
         return steps.to(self.order.device)
 
@@ -220,17 +222,17 @@ class Rollout:
         """bool [L]: True where the transition's token was committed at its mask step (all True in
         "revealed" mode, all False with the post-step known mask)."""
         parts = []
-        for j in range(self.plan.num_mask_steps):
+        post_step, R = self.config.known_mask == "post_step", self.plan.num_diffusion_steps
+        for slot in self.slots:
             # the first n_j of step j's positions were committed at it (none with the post-step known mask)
-            committed = 0 if self.config.known_mask == "post_step" else self.step_revealed(j)
-            slot = torch.arange(self.step_positions_count(j), device=self.order.device) < committed
-            parts.append(slot.repeat(self.plan.num_diffusion_steps))
+            committed = 0 if post_step else slot.revealed
+            parts.append((torch.arange(slot.count, device=self.order.device) < committed).repeat(R))
         return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.bool, device=self.order.device)
 
     def expand_to_l(self, values: torch.Tensor) -> torch.Tensor:
         """Per-position values [B, N, ...] or per-recorded-step values [B, M, N, ...] -> [B, L, ...]
         (e.g. an MTE top-k mask [B, N] or a consistency mask [B, M, N] as token weights of logp)."""
-        B, N, M = self.batch_size, self.num_tokens, self.plan.num_mask_steps
+        B, N, M = self.batch_size, self.num_tokens, len(self.slots)
         if values.shape[:2] == (B, N):
             per_step = [values] * M
         elif values.dim() >= 3 and values.shape[:3] == (B, M, N):

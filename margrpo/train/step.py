@@ -23,7 +23,6 @@ from margrpo.grpo import advantages as adv_mod
 from margrpo.grpo import update
 from margrpo.rollout import choose_plan, generate, mask_schedule, mirror_pairs, sample_seed, shared_seed
 
-from . import distributed as dist_utils
 from . import lora as lora_utils
 
 if TYPE_CHECKING:
@@ -56,10 +55,10 @@ def _rollout_and_update(t: Trainer) -> dict[str, float]:
     rewards = result.total.float().to(t.device)
     timings["time/reward"] = time.perf_counter() - t0
     watch_flat_rewards(t, result.raw)
-    all_rewards = dist_utils.all_gather_cat(rewards)  # the batch statistics cover every rank
+    all_rewards = t.collectives.all_gather_cat(rewards)  # the batch statistics cover every rank
     metrics = {k: v for k, v in result.log_values("reward").items() if not k.startswith("reward/total")}
     metrics.update({"reward_mean": all_rewards.mean().item(), "reward_std": all_rewards.std(unbiased=False).item()})
-    if not dist_utils.all_ranks(torch.isfinite(rewards).all()):
+    if not t.collectives.all_ranks(torch.isfinite(rewards).all()):
         return _skip(t, "reward", metrics, timings)
 
     t0 = time.perf_counter()
@@ -95,7 +94,7 @@ def _rollout_and_update(t: Trainer) -> dict[str, float]:
     timings["time/train"] = time.perf_counter() - t0
     t.bad_steps = 0
     metrics.update(outcome.metrics)
-    all_advantages = dist_utils.all_gather_cat(advantages)
+    all_advantages = t.collectives.all_gather_cat(advantages)
     metrics.update(
         {
             "advantage_mean": all_advantages.mean().item(),
@@ -196,9 +195,9 @@ def record_plan(t: Trainer, step: int):
 def group_advantages(t: Trainer, rewards: torch.Tensor, prompts: list[str]) -> torch.Tensor:
     """This rank's advantages [B], computed over the global batch (grpo.advantage)."""
     g = t.config.grpo
-    all_rewards = dist_utils.all_gather_cat(rewards)
+    all_rewards = t.collectives.all_gather_cat(rewards)
     if g.advantage == "tracker":
-        all_prompts = dist_utils.all_gather_objects(prompts)
+        all_prompts = t.collectives.all_gather_objects(prompts)
         advantages = t.tracker(all_prompts, all_rewards)
     else:
         advantages = adv_mod.group_advantages(
@@ -215,7 +214,7 @@ def watch_flat_rewards(t: Trainer, raw: dict[str, torch.Tensor]) -> None:
     advantage for GRPO); say so on stderr when a count reaches run.flat_reward_warn_steps."""
     every = t.config.run.flat_reward_warn_steps
     for name, scores in raw.items():
-        all_scores = dist_utils.all_gather_cat(scores.float().to(t.device))
+        all_scores = t.collectives.all_gather_cat(scores.float().to(t.device))
         flat = adv_mod.zero_variance_groups(all_scores, t.config.grpo.group_size).all().item()
         t.flat_steps[name] = t.flat_steps.get(name, 0) + 1 if flat else 0
         if every and t.flat_steps[name] == every and t.is_main:

@@ -108,13 +108,18 @@ class Trainer:
         if self.sharded:  # after the ref policy copy (which stays whole) and before the optimizer
             dist_utils.shard_fsdp2(self.policy, self.device)
         self.ema = _EMA(self.policy, run.ema_decay) if run.ema_decay else None  # after sharding: shaped like the shards
-        self.collectives = Collectives(
-            all_ranks=dist_utils.all_ranks,
-            clip_grad_norm=dist_utils.clip_grad_norm,
-            mean=dist_utils.mean,
-            # FSDP2 reduce-scatters the gradients in backward already
-            reduce_gradients=(lambda module: None) if self.sharded else dist_utils.average_gradients,
-        )
+        # one process: the defaults (no collective calls in the step); torchrun: torch.distributed's
+        self.collectives = Collectives()
+        if dist_utils.active():
+            self.collectives = Collectives(
+                all_ranks=dist_utils.all_ranks,
+                clip_grad_norm=dist_utils.clip_grad_norm,
+                mean=dist_utils.mean,
+                all_gather_cat=dist_utils.all_gather_cat,
+                all_gather_objects=dist_utils.all_gather_objects,
+                # FSDP2 reduce-scatters the gradients in backward already
+                reduce_gradients=(lambda module: None) if self.sharded else dist_utils.average_gradients,
+            )
         self.reward = self._build_reward()
         (self.train_prompts, self.train_metadata), (self.eval_prompts, self.eval_metadata) = self._load_prompts(evaluation_only)
         self._check_metadata(evaluation_only)
