@@ -552,6 +552,62 @@ def test_without_consistency_predictions_the_steps_before_recorded_ones_denoise_
         token_selection(lean, GRPOConfig(consistency=True))
 
 
+def test_the_step_before_a_recorded_one_runs_seed_chains_only_on_its_committed_tokens(backbone64, sampler, monkeypatch):
+    """With the consistency predictions, the step before a recorded one samples every unknown position
+    for the previous prediction; its seed chains run only on the step's committed tokens (the seed
+    tokens), the main chain alone elsewhere. The prediction equals the main chain written by hand
+    (float64), and no call runs seed chains over more than the committed tokens at such a step."""
+    import importlib
+
+    config = _config(likelihood_positions="unknown", num_seeds=2)
+    plan = RecordPlan(mask_steps=(3, 5), diffusion_steps=((0, 2, 4), (1, 2, 3)))
+    generate_module = importlib.import_module("margrpo.rollout.generate")
+    calls: list[tuple[int, int, bool]] = []  # (seed chains, head rows, records)
+    denoise = generate_module.multi_seed_denoise
+
+    def counting(head, condition, *args, num_seeds, record_steps=(), **kwargs):
+        calls.append((num_seeds, condition.shape[0], bool(record_steps)))
+        return denoise(head, condition, *args, num_seeds=num_seeds, record_steps=record_steps, **kwargs)
+
+    monkeypatch.setattr(generate_module, "multi_seed_denoise", counting)
+    seeds = [5, 6, 7]
+    rollout = generate_module.generate(backbone64, list(PROMPTS), config, seeds, sampler=sampler, plan=plan)
+    B, N, C, K, T = len(seeds), backbone64.num_tokens, backbone64.token_channels, config.num_seeds, sampler.num_steps
+    counts = rollout.reveal_counts
+    effective = [s for s, n in enumerate(counts) if n > 0]
+    previous = [effective[effective.index(step) - 1] for step in plan.mask_steps]
+    # the main chain alone at the other unknown positions: one call per such step, P - n tokens per image
+    lone = [rows for seeds_run, rows, _ in calls if seeds_run == 0]
+    assert lone == [B * (N - sum(counts[: step + 1])) for step in previous]
+    # seed chains beyond the committed tokens only at the recorded steps themselves
+    assert all(rows <= B * max(counts) for seeds_run, rows, records in calls if seeds_run == K and not records)
+    with torch.no_grad():
+        for b, (prompt, seed) in enumerate(zip(PROMPTS, seeds)):
+            generator = torch.Generator().manual_seed(seed)
+            order = torch.randperm(N, generator=generator)
+            bank = torch.randn(N, T + 1, K + 1, C, generator=generator, dtype=torch.float64)
+            assert torch.equal(order, rollout.order[b])
+            cond = backbone64.encode_prompts([prompt])
+            for j, step in enumerate(previous):
+                start = sum(counts[:step])
+                known = torch.zeros(1, N, dtype=torch.bool)
+                known[0, order[:start]] = True
+                canvas = torch.where(known[..., None], rollout.tokens[b : b + 1], torch.zeros(()).double())
+                positions = order[start:]
+                z = backbone64.forward_z(cond, canvas, known)[0, positions]
+                x = bank[positions, 0, 0]  # trajectory 0's x_T
+                for i in range(T):
+                    out = backbone64.head(x, sampler.model_time(i), z)
+                    x = sampler.step(out, x, i, bank[positions, i + 1, 0]).x_prev
+                expected = canvas[0].clone()
+                expected[positions] = x
+                torch.testing.assert_close(rollout.pred_clean_prev[b, j], expected, atol=1e-10, rtol=1e-10)
+                # its committed tokens are the final ones, their seed chains the seed tokens
+                committed = order[start : start + counts[step]]
+                torch.testing.assert_close(rollout.tokens[b, committed], x[: counts[step]], atol=1e-10, rtol=1e-10)
+                assert rollout.seed_tokens[:, b, committed].abs().sum() > 0
+
+
 # ---------------------------------------------------------------- plans and bad input
 def test_plan_never_picks_deterministic_or_empty_steps(sampler):
     counts = schedule.nova_schedule(12, 6)

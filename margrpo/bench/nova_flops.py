@@ -15,8 +15,8 @@ recorded step, the reference code's algorithm), how often each unit runs on each
              halves x T steps, the official forward each; the likelihood, the KL reference and the
              backward evaluate all N tokens x (K + 1) x R per recorded step
   fused      the head denoises only the tokens a step needs (its revealed ones; every unknown one at a
-             recorded step and the step before it: consistency), the modulation once per token, step
-             and half; the likelihood and the KL reference evaluate the unknown positions only
+             recorded step and, main chain only past its revealed ones, at the step before it:
+             consistency), the modulation once per token, step and half; the likelihood and the KL reference evaluate the unknown positions only
 
 The backbone (rollout forwards, likelihood forward and backward, the KL reference's forward), the VAE
 and the optimizer are the same work on both paths. Elementwise work (sampler arithmetic, AdamW) counts 0.
@@ -117,9 +117,17 @@ def step_flops(u: dict[str, float], r: Recipe) -> dict[str, dict[str, float]]:
         starts[s] = start
         start += counts[s]
     before_recorded = {steps[i - 1] for i in range(1, len(steps)) if steps[i] in recorded}
-    fused_rows = 0  # tokens denoised by the fused rollout, summed over mask steps (per image)
+    # per image, summed over mask steps: tokens the fused rollout's head conditions on (modulation
+    # and time embedding per token), and token chains it denoises (K + 1 per token, but at the step
+    # before a recorded one only the main chain where no token is committed)
+    fused_rows = fused_chains = 0
     for s in steps:
-        fused_rows += (N - starts[s]) if (s in recorded or s in before_recorded) else counts[s]
+        if s in recorded:
+            fused_rows, fused_chains = fused_rows + N - starts[s], fused_chains + K1 * (N - starts[s])
+        elif s in before_recorded:
+            fused_rows, fused_chains = fused_rows + N - starts[s], fused_chains + K1 * counts[s] + N - starts[s] - counts[s]
+        else:
+            fused_rows, fused_chains = fused_rows + counts[s], fused_chains + K1 * counts[s]
     unknown = sum(N - starts[s] for s in recorded)  # likelihood positions over the recorded steps (per image)
     den, mod, off = u["head_denoise_row_step"], u["head_modulation_token_step"], u["head_official_row_step"]
     head_bwd_ratio = u["head_backward_row_step"] / u["head_official_row_step_grad"]
@@ -138,7 +146,7 @@ def step_flops(u: dict[str, float], r: Recipe) -> dict[str, dict[str, float]]:
     reference["backward (head, to z)"] = M * B * N * K1 * R * off * head_bwd_ratio
     reference["KL reference head"] = M * B * N * K1 * R * off
     fused = dict(common)
-    fused["rollout head"] = B * fused_rows * (K1 * 2 * T * den + 2 * T * mod + 2 * u["head_embed_token"])
+    fused["rollout head"] = B * (fused_chains * 2 * T * den + fused_rows * (2 * T * mod + 2 * u["head_embed_token"]))
     fused["likelihood head (grad)"] = B * unknown * (K1 * R * den + R * mod)
     fused["backward (head, to z)"] = B * unknown * K1 * R * den * head_bwd_ratio
     fused["KL reference head"] = B * unknown * (K1 * R * den + R * mod)
@@ -148,6 +156,7 @@ def step_flops(u: dict[str, float], r: Recipe) -> dict[str, dict[str, float]]:
         "counts": {
             "effective_mask_steps": len(steps),
             "fused_rollout_tokens_per_image": fused_rows,
+            "fused_rollout_chains_per_image": fused_chains,
             "likelihood_positions_per_image": unknown,
         },
     }

@@ -267,36 +267,53 @@ class _Generation:
         z = forward_rows(backbone, self.cond, canvas, self.known, start)
         if self.pending is not None:  # this forward saw the previous recorded step's post-step canvas
             self._score_pending(z)
-        noise = _gather_rows(self.noise_bank, positions).reshape(B * P, -1, K + 1, C).permute(1, 2, 0, 3)
         scale = config.cfg_scale_at(start + n, N)
-        out = multi_seed_denoise(
-            backbone.head,
-            head_condition(z, self.cond, positions),
-            self.sampler,
-            num_seeds=K,
-            cfg=guidance_for(config, scale),
-            record_steps=self.plan.diffusion_steps[j] if j is not None else (),
-            temperature=config.temperature,
-            noise=noise,
-            cuda_graph=config.cuda_graph,
-            images=B,
-        )
-        x0 = out.x0.to(self.dtype).reshape(K + 1, B, P, C)
         committed = positions[:, :n]
+        if j is None and P > n and K > 0:
+            # the step before a recorded one, for the consistency test's previous prediction: the seed
+            # chains only where tokens are committed (their final latents are the seed tokens), the
+            # main chain alone at the other unknown positions (only its prediction is read there)
+            chains = self._denoise(z, committed, K, scale, None).x0.to(self.dtype).reshape(K + 1, B, n, C)
+            rest = self._denoise(z, positions[:, n:], 0, scale, None).x0.to(self.dtype).reshape(B, P - n, C)
+            main = torch.cat([chains[0], rest], 1)
+        else:
+            out = self._denoise(z, positions, K, scale, j)
+            chains = out.x0.to(self.dtype).reshape(K + 1, B, P, C)
+            main = chains[0]
         if self.commit_chains is not None:
             self.commit_chains.remember_commit(z, committed)
             if j is not None:
                 self.commit_chains.remember_step(j, positions, head_condition(z, self.cond, positions))
-        canvas.scatter_(1, committed[..., None].expand(-1, -1, C), x0[0, :, :n])
+        canvas.scatter_(1, committed[..., None].expand(-1, -1, C), main[:, :n])
         self.known.scatter_(1, committed, True)
-        self.seed_tokens.scatter_(2, committed[None, :, :, None].expand(K, -1, -1, C), x0[1:, :, :n])
+        self.seed_tokens.scatter_(2, committed[None, :, :, None].expand(K, -1, -1, C), chains[1:, :, :n])
         prediction = None
         if all_unknown and self.keeps_predictions:  # committed tokens where known, the head's sample (trajectory 0) elsewhere
-            prediction = canvas.clone().scatter_(1, positions[..., None].expand(-1, -1, C), x0[0])
+            prediction = canvas.clone().scatter_(1, positions[..., None].expand(-1, -1, C), main)
         if j is not None:
             self._record(j, out, positions, n, scale, prediction)
         self.last_prediction = prediction
         self.start += n
+
+    def _denoise(self, z: torch.Tensor, positions: torch.Tensor, num_seeds: int, scale: float, j: int | None):
+        """The head's main chain and `num_seeds` seed chains at positions [B, P] under z, from the
+        noise bank (the first num_seeds + 1 trajectories), recording recorded mask step j's planned
+        diffusion steps (none when j is None)."""
+        B, P = positions.shape
+        C = self.canvas.shape[-1]
+        bank = _gather_rows(self.noise_bank, positions)[:, :, :, : num_seeds + 1]
+        return multi_seed_denoise(
+            self.backbone.head,
+            head_condition(z, self.cond, positions),
+            self.sampler,
+            num_seeds=num_seeds,
+            cfg=guidance_for(self.config, scale),
+            record_steps=self.plan.diffusion_steps[j] if j is not None else (),
+            temperature=self.config.temperature,
+            noise=bank.reshape(B * P, -1, num_seeds + 1, C).permute(1, 2, 0, 3),
+            cuda_graph=self.config.cuda_graph,
+            images=B,
+        )
 
     def _record(self, j: int, out, positions: torch.Tensor, n: int, scale: float, prediction) -> None:
         """Keep recorded mask step j's transitions and predictions. The head recorded them as
