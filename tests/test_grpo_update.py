@@ -143,6 +143,33 @@ def test_update_gradient_is_the_full_batch_loss_gradient(tiny, switches):
     assert result.metrics["kl"] == pytest.approx(float(expected_kl), rel=1e-9) and expected_kl > 0
 
 
+def test_the_ref_policy_scores_only_the_rollouts_own_trajectory(tiny, monkeypatch):
+    """The KL reads trajectory 0 (objective.chunk_loss), so the ref policy's likelihood scores that one
+    alone while the policy's scores all K + 1 (the numbers: the full-batch gradient test above, with
+    MTE and the KL on)."""
+    import importlib
+
+    policy_update = importlib.import_module("margrpo.grpo.policy_update")
+    model, sampler = tiny
+    rollout = _rollout(model, sampler)
+    policy, reference = copy.deepcopy(model), copy.deepcopy(model).requires_grad_(False)
+    scored: list[tuple[str, int]] = []
+    original = policy_update.rollout_logprob
+
+    def spy(backbone, part, **kwargs):
+        scored.append(("ref" if backbone is reference else "policy", part.num_trajectories))
+        return original(backbone, part, **kwargs)
+
+    monkeypatch.setattr(policy_update, "rollout_logprob", spy)
+    optimizer = torch.optim.SGD(list(policy.trainable_parameters()), lr=0.0)
+    advantages = torch.tensor([1.0, -0.5, 0.25, -0.75], dtype=F64)
+    result = update(policy, reference, rollout, advantages, GRPOConfig(kl_beta=0.3, mte=True), optimizer)
+    assert result.skipped is None and abs(result.metrics["kl"]) < 1e-12  # the policy is the ref policy
+    assert rollout.num_trajectories == 3
+    assert ("ref", 1) in scored and ("policy", 3) in scored
+    assert {trajectories for who, trajectories in scored if who == "ref"} == {1}
+
+
 def test_update_rejects_bad_arguments_and_skips_non_finite_losses(tiny):
     model, sampler = tiny
     rollout = _rollout(model, sampler)

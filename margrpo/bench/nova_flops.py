@@ -16,7 +16,9 @@ recorded step, the reference code's algorithm), how often each unit runs on each
              backward evaluate all N tokens x (K + 1) x R per recorded step
   fused      the head denoises only the tokens a step needs (its revealed ones; every unknown one at a
              recorded step and, main chain only past its revealed ones, at the step before it:
-             consistency), the modulation once per token, step and half; the likelihood and the KL reference evaluate the unknown positions only
+             consistency), the modulation once per token, step and half; the likelihood and the
+             KL reference evaluate the unknown positions only, the KL reference trajectory 0 alone
+             (all the KL reads)
 
 The backbone (rollout forwards, likelihood forward and backward, the KL reference's forward), the VAE
 and the optimizer are the same work on both paths. Elementwise work (sampler arithmetic, AdamW) counts 0.
@@ -149,7 +151,7 @@ def step_flops(u: dict[str, float], r: Recipe) -> dict[str, dict[str, float]]:
     fused["rollout head"] = B * (fused_chains * 2 * T * den + fused_rows * (2 * T * mod + 2 * u["head_embed_token"]))
     fused["likelihood head (grad)"] = B * unknown * (K1 * R * den + R * mod)
     fused["backward (head, to z)"] = B * unknown * K1 * R * den * head_bwd_ratio
-    fused["KL reference head"] = B * unknown * (K1 * R * den + R * mod)
+    fused["KL reference head"] = B * unknown * (R * den + R * mod)  # trajectory 0: all the KL reads
     return {
         "reference": reference,
         "fused": fused,

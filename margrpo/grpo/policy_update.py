@@ -261,7 +261,8 @@ def _transition_losses(policy, ref_context, rollout: Rollout, advantages, config
     if ref_context is not None:
         with torch.no_grad(), ref_context as model:
             model.train(policy.training)  # the same forward mode as the policy's likelihood
-            ref = likelihood(model, rollout, config, bf16=bf16)
+            # the KL reads trajectory 0 (objective.chunk_loss): the seed trajectories are not scored
+            ref = likelihood(model, rollout.main_trajectory(), config, bf16=bf16)
         rollout = rollout.with_update_values(ref_logp=ref.logp, ref_mean=ref.mean)
 
     def loss_of(images, steps):

@@ -103,7 +103,8 @@ class Rollout:
       old_logp, old_mean the log-probs the update's ratio divides by, and their means, when they
                          are not `logp` and `mean` (an update whose likelihood differs from the
                          rollout's, in guidance or numerics, rescores them)
-      ref_logp, ref_mean the frozen reference policy's log-probs and means of the transitions
+      ref_logp, ref_mean the frozen reference policy's log-probs and means of the transitions,
+                         [T, B, L(, C)] or trajectory 0's alone, [1, B, L(, C)] (all the KL reads)
 
     Float tensors are fp32 (fp64 when the backbone is fp64, for exact tests).
 
@@ -283,13 +284,21 @@ class Rollout:
         ref_mean: torch.Tensor | None = None,
     ) -> Rollout:
         """A copy carrying the values a GRPO update scores against (see the class docstring); the
-        ones given must have the shape of logp (old_mean, ref_mean: of mean)."""
+        ones given must have the shape of logp (old_mean, ref_mean: of mean), the ref values may
+        have one trajectory (trajectory 0's: all the KL reads)."""
         given = {"old_logp": old_logp, "old_mean": old_mean, "ref_logp": ref_logp, "ref_mean": ref_mean}
         for name, value in given.items():
             like = self.mean if name.endswith("_mean") else self.logp
-            if value is not None and value.shape != like.shape:
-                raise ValueError(f"{name}: got shape {tuple(value.shape)}, expected {tuple(like.shape)} [T, B, L...]")
+            if value is None or value.shape == like.shape or (name.startswith("ref_") and value.shape == (1, *like.shape[1:])):
+                continue
+            trajectories = "[T, B, L...] or [1, B, L...]" if name.startswith("ref_") else "[T, B, L...]"
+            raise ValueError(f"{name}: got shape {tuple(value.shape)}, expected {tuple(like.shape)} {trajectories}")
         return dataclasses.replace(self, **{k: v for k, v in given.items() if v is not None})
+
+    def main_trajectory(self) -> Rollout:
+        """The rollout with its own trajectory alone (T = 1): what scores a term that reads
+        trajectory 0 only (the KL's ref policy), without the K seed trajectories' work."""
+        return dataclasses.replace(self, **{name: getattr(self, name)[:1] for name in RECORDED})
 
     def chunk(self, images: Sequence[int], steps: Sequence[int] | None = None) -> RolloutChunk:
         """Images x recorded mask steps (all when None) of this rollout: a piece of a GRPO update."""
