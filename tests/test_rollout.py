@@ -608,6 +608,32 @@ def test_the_step_before_a_recorded_one_runs_seed_chains_only_on_its_committed_t
                 assert rollout.seed_tokens[:, b, committed].abs().sum() > 0
 
 
+def test_the_nova_flop_model_counts_the_head_work_that_generate_does(backbone, sampler, monkeypatch):
+    """margrpo.bench.nova_flops composes the fused step's FLOPs from per-image head work; its count
+    of conditioned tokens and denoised chains must be what generate() hands the head (unknown
+    positions, consistency predictions on), or the model's ratio describes other code."""
+    import importlib
+
+    from margrpo.bench.nova_flops import fused_rollout_head_work
+
+    generate_module = importlib.import_module("margrpo.rollout.generate")
+    tokens = chains = 0
+    denoise = generate_module.multi_seed_denoise
+
+    def counting(head, condition, *args, num_seeds, **kwargs):
+        nonlocal tokens, chains
+        tokens, chains = tokens + condition.shape[0], chains + condition.shape[0] * (num_seeds + 1)
+        return denoise(head, condition, *args, num_seeds=num_seeds, **kwargs)
+
+    monkeypatch.setattr(generate_module, "multi_seed_denoise", counting)
+    for plan in (RecordPlan((3, 5), ((0, 2, 4), (1, 2, 3))), RecordPlan((2, 3), ((0, 1, 2), (1, 2, 3)))):
+        tokens = chains = 0
+        config = _config(likelihood_positions="unknown", num_seeds=3)  # unguided: one condition row per token
+        rollout = generate_module.generate(backbone, list(PROMPTS), config, [5, 6, 7], sampler=sampler, plan=plan)
+        per_image = fused_rollout_head_work(list(rollout.reveal_counts), set(plan.mask_steps), config.num_seeds + 1)
+        assert (tokens, chains) == (len(PROMPTS) * per_image[0], len(PROMPTS) * per_image[1])
+
+
 # ---------------------------------------------------------------- plans and bad input
 def test_plan_never_picks_deterministic_or_empty_steps(sampler):
     counts = schedule.nova_schedule(12, 6)

@@ -102,6 +102,27 @@ class Recipe:
     seed: int = 0
 
 
+def fused_rollout_head_work(counts: list[int], recorded: set[int], trajectories: int) -> tuple[int, int]:
+    """(tokens, token chains) the fused rollout's head processes for one image, summed over the
+    effective mask steps of the schedule `counts` with mask steps `recorded` (likelihood over every
+    unknown position, consistency predictions on): tokens are conditioned once per step (time
+    embedding and modulation), chains are denoised (`trajectories` = K + 1 per token, but at the step
+    before a recorded one only the main chain where no token is committed)."""
+    N, steps = sum(counts), [s for s, n in enumerate(counts) if n > 0]
+    before_recorded = {steps[i - 1] for i in range(1, len(steps)) if steps[i] in recorded}
+    tokens = chains = start = 0
+    for s in steps:
+        unknown, n = N - start, counts[s]
+        if s in recorded:
+            tokens, chains = tokens + unknown, chains + trajectories * unknown
+        elif s in before_recorded:
+            tokens, chains = tokens + unknown, chains + trajectories * n + unknown - n
+        else:
+            tokens, chains = tokens + n, chains + trajectories * n
+        start += n
+    return tokens, chains
+
+
 def step_flops(u: dict[str, float], r: Recipe) -> dict[str, dict[str, float]]:
     """Per phase FLOPs of one step on each path (the reference's structure, module docstring)."""
     from margrpo.diffusion import DDPMSampler
@@ -114,22 +135,8 @@ def step_flops(u: dict[str, float], r: Recipe) -> dict[str, dict[str, float]]:
     M = min(M, len(steps))
     plan = choose_plan(counts, sampler, M, R, torch.Generator().manual_seed(r.seed))
     recorded = set(plan.mask_steps)
-    starts, start = {}, 0
-    for s in steps:
-        starts[s] = start
-        start += counts[s]
-    before_recorded = {steps[i - 1] for i in range(1, len(steps)) if steps[i] in recorded}
-    # per image, summed over mask steps: tokens the fused rollout's head conditions on (modulation
-    # and time embedding per token), and token chains it denoises (K + 1 per token, but at the step
-    # before a recorded one only the main chain where no token is committed)
-    fused_rows = fused_chains = 0
-    for s in steps:
-        if s in recorded:
-            fused_rows, fused_chains = fused_rows + N - starts[s], fused_chains + K1 * (N - starts[s])
-        elif s in before_recorded:
-            fused_rows, fused_chains = fused_rows + N - starts[s], fused_chains + K1 * counts[s] + N - starts[s] - counts[s]
-        else:
-            fused_rows, fused_chains = fused_rows + counts[s], fused_chains + K1 * counts[s]
+    fused_rows, fused_chains = fused_rollout_head_work(counts, recorded, K1)
+    starts = {s: sum(counts[:s]) for s in steps}
     unknown = sum(N - starts[s] for s in recorded)  # likelihood positions over the recorded steps (per image)
     den, mod, off = u["head_denoise_row_step"], u["head_modulation_token_step"], u["head_official_row_step"]
     head_bwd_ratio = u["head_backward_row_step"] / u["head_official_row_step_grad"]
