@@ -153,6 +153,14 @@ def test_reward_weightings_accepted_by_design_are_announced(capsys):
     assert "[margrpo] warning: rewards: the weights sum to 0" in err
 
 
+def test_seed_trajectories_that_nothing_reads_are_announced(capsys):
+    _start("rollout.num_seeds=2", "grpo.mte=false")
+    assert "[margrpo] warning: rollout.num_seeds is 2 but grpo.mte is false" in capsys.readouterr().err
+    _start("rollout.num_seeds=2", "grpo.mte=true")
+    _start("rollout.num_seeds=0", "grpo.mte=false")
+    assert "rollout.num_seeds" not in capsys.readouterr().err
+
+
 def test_the_prompt_tracker_uses_grpo_advantage_eps():
     trainer = _start("grpo.advantage=tracker", "grpo.advantage_eps=0.5")
     assert trainer.tracker.eps == 0.5

@@ -143,10 +143,10 @@ def test_update_gradient_is_the_full_batch_loss_gradient(tiny, switches):
     assert result.metrics["kl"] == pytest.approx(float(expected_kl), rel=1e-9) and expected_kl > 0
 
 
-def test_the_ref_policy_scores_only_the_rollouts_own_trajectory(tiny, monkeypatch):
+def test_only_the_trajectories_the_loss_reads_are_scored(tiny, monkeypatch):
     """The KL reads trajectory 0 (objective.chunk_loss), so the ref policy's likelihood scores that one
-    alone while the policy's scores all K + 1 (the numbers: the full-batch gradient test above, with
-    MTE and the KL on)."""
+    alone while the policy's scores all K + 1 under MTE, and trajectory 0 alone without it (the
+    numbers: the full-batch gradient test above, with and without MTE, the KL on)."""
     import importlib
 
     policy_update = importlib.import_module("margrpo.grpo.policy_update")
@@ -168,6 +168,10 @@ def test_the_ref_policy_scores_only_the_rollouts_own_trajectory(tiny, monkeypatc
     assert rollout.num_trajectories == 3
     assert ("ref", 1) in scored and ("policy", 3) in scored
     assert {trajectories for who, trajectories in scored if who == "ref"} == {1}
+    # without MTE nothing reads the seed trajectories: the policy scores trajectory 0 alone too
+    scored.clear()
+    update(policy, reference, rollout, advantages, GRPOConfig(kl_beta=0.3), optimizer)
+    assert sorted(set(scored)) == [("policy", 1), ("ref", 1)]
 
 
 def test_update_rejects_bad_arguments_and_skips_non_finite_losses(tiny):

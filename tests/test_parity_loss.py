@@ -149,8 +149,9 @@ class Case:
             mean, std = self.ref_mean, self.rollout.std
         else:
             mean, std = self.policy_mean(), self.policy_std()
-        mean, std = (v[:, images][:, :, cols] for v in (mean, std))
-        x_prev = self.rollout.x_prev[:, images][:, :, cols]
+        T = sub_rollout.num_trajectories  # the trajectories it is given (the update may pass trajectory 0 alone)
+        mean, std = (v[:T, images][:, :, cols] for v in (mean, std))
+        x_prev = self.rollout.x_prev[:T, images][:, :, cols]
         logp = torch.distributions.Normal(mean, std).log_prob(x_prev).sum(-1)
         return RolloutLikelihood(logp, mean, torch.zeros(logp.shape[1:], dtype=torch.bool))
 

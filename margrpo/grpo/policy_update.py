@@ -244,6 +244,8 @@ def _transition_losses(policy, ref_context, rollout: Rollout, advantages, config
     """(loss of a chunk, selected fraction, MTE mask or None) of the transition estimator: token
     selection and weights, rescored old log-probs when needed, the ref policy's likelihood for the KL."""
     keep, mte = token_selection(rollout, config)
+    if mte is None:  # without MTE the loss reads trajectory 0 alone (objective.chunk_loss)
+        rollout = rollout.main_trajectory()
     if samples is not None:
         keep = keep & samples.to(keep.device)[:, None, None]
     weights, kl_weights = update_weights(rollout, keep, config, batches)

@@ -297,8 +297,10 @@ class Rollout:
 
     def main_trajectory(self) -> Rollout:
         """The rollout with its own trajectory alone (T = 1): what scores a term that reads
-        trajectory 0 only (the KL's ref policy), without the K seed trajectories' work."""
-        return dataclasses.replace(self, **{name: getattr(self, name)[:1] for name in RECORDED})
+        trajectory 0 only (the KL's ref policy; the whole loss without MTE), without the K seed
+        trajectories' work."""
+        per_transition = (*RECORDED, "old_logp", "old_mean", "ref_logp", "ref_mean")
+        return dataclasses.replace(self, **{n: getattr(self, n)[:1] for n in per_transition if getattr(self, n) is not None})
 
     def chunk(self, images: Sequence[int], steps: Sequence[int] | None = None) -> RolloutChunk:
         """Images x recorded mask steps (all when None) of this rollout: a piece of a GRPO update."""

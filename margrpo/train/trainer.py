@@ -99,6 +99,13 @@ class Trainer:
         except ValueError as err:  # more steps than the model's chain has: known only with the model
             raise ConfigError(f"backbone.diffusion_steps: {err}") from err
         self._check_recordable()
+        if config.rollout.num_seeds and not config.grpo.mte and self.is_main:
+            print(
+                f"[margrpo] warning: rollout.num_seeds is {config.rollout.num_seeds} but grpo.mte is false: the rollout "
+                "samples the seed trajectories and nothing reads them (the update scores trajectory 0 only); set "
+                "rollout.num_seeds: 0 to save that work (the samples then change: the noise bank has one trajectory)",
+                file=sys.stderr,
+            )
         self._configure_trainable()
         self.ref_policy = None  # a frozen copy of the starting policy, when the KL needs one
         if config.grpo.kl_beta > 0 and not config.grpo.lora.rank:
