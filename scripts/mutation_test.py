@@ -360,6 +360,14 @@ MUTANTS: tuple[Mutant, ...] = (
         (f"{OBJ}::test_metrics_are_means_over_inner_epochs",),
     ),
     Mutant(
+        "seed_trajectories_dropped_under_mte",
+        f"{GRPO}/policy_update.py::_transition_losses",
+        "if mte is None:  # without MTE",
+        "if True:  # without MTE",
+        "the update scores trajectory 0 alone under MTE too (the seeds' average is lost)",
+        UPDATE,
+    ),
+    Mutant(
         "samples_or",
         f"{GRPO}/policy_update.py::_transition_losses",
         "keep = keep & samples.to(keep.device)",
@@ -436,8 +444,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "seed_tokens_include_rollout",
         f"{ROLL}/generate.py::_Generation.mask_step",
-        "x0[1:, :, :n])",
-        "x0[:K, :, :n])",
+        "chains[1:, :, :n])",
+        "chains[:K, :, :n])",
         "MTE seed tokens include the rollout's own trajectory",
         ROLLOUT,
     ),
