@@ -106,6 +106,9 @@ class Rollout:
       ref_logp, ref_mean the frozen reference policy's log-probs and means of the transitions,
                          [T, B, L(, C)] or trajectory 0's alone, [1, B, L(, C)] (all the KL reads)
 
+    Derived once per rollout: `slots`, per recorded mask step j its StepSlots (tokens known before
+    it, n_j, tokens known in its training forward, P_j, its columns of L).
+
     Float tensors are fp32 (fp64 when the backbone is fp64, for exact tests).
 
     Memory in bytes, with f = 4 bytes per float (8 for fp64), int64 = 8, L = R * sum_j P_j:
