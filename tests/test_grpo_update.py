@@ -306,6 +306,18 @@ def test_rollout_chunks_committed_masks_and_update_values(tiny):
     assert plain.ref_logp is None and plain.ref_mean is None
     with pytest.raises(ValueError, match=r"ref_logp: got shape \(3, 4\)"):
         rollout.with_update_values(ref_logp=torch.zeros(3, 4))
+    # the ref values of trajectory 0 alone (all the KL reads) are taken; two trajectories of three
+    # are not, nor one trajectory of the old values (the ratio reads every trajectory)
+    main = rollout.with_update_values(ref_logp=ref_logp[:1], ref_mean=rollout.mean[:1] + 1)
+    torch.testing.assert_close(main.chunk([3, 1], [2, 0]).ref_logp, ref_logp[:1, [3, 1]][:, :, expected], rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"ref_logp: got shape \(2, 4, "):
+        rollout.with_update_values(ref_logp=ref_logp[:2])
+    with pytest.raises(ValueError, match=r"old_logp: got shape \(1, 4, "):
+        rollout.with_update_values(old_logp=old_logp[:1])
+    cut = scored.main_trajectory()  # every per-transition field set, trajectory 0 of each
+    for name in ("x_t", "x_prev", "mean", "std", "logp", "old_logp", "ref_logp", "ref_mean"):
+        torch.testing.assert_close(getattr(cut, name), getattr(scored, name)[:1], rtol=0, atol=0, msg=name)
+    assert cut.old_mean is None and cut.num_trajectories == 1 and torch.equal(cut.seed_tokens, scored.seed_tokens)
     with pytest.raises(ValueError, match=r"values: got shape \(4,\)"):
         chunk.take(torch.zeros(4))
 

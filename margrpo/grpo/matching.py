@@ -98,7 +98,7 @@ def draw_matching(rollout: Rollout, num_draws: int, time_range: tuple[float, flo
     if isinstance(num_draws, bool) or not isinstance(num_draws, int) or num_draws < 1:
         raise ValueError(f"num_draws: got {num_draws!r}, expected an integer >= 1")
     C, device, dtype = rollout.tokens.shape[-1], rollout.tokens.device, rollout.tokens.dtype
-    counts = [rollout.slots[j].revealed for j in range(rollout.plan.num_mask_steps)]
+    counts = [slot.revealed for slot in rollout.slots]
     per_image = []
     for seed in rollout.seeds.tolist():
         generator = torch.Generator().manual_seed(_draw_seed(seed))
@@ -159,10 +159,11 @@ def matching_values(
     sampler, head = rollout.sampler, model.head
     predictions, targets, actives = [], [], []
     for j in steps:
-        n = rollout.slots[j].revealed
-        positions = rollout.order[:, rollout.slots[j].start : rollout.slots[j].start + n]  # committed at step j
+        slot = rollout.slots[j]
+        n = slot.revealed
+        positions = rollout.order[:, slot.start : slot.start + n]  # committed at step j
         canvas, known = rollout.canvas_known(j)
-        z = head_condition(forward_rows(model, rows, canvas, known, rollout.slots[j].known), rows, positions)
+        z = head_condition(forward_rows(model, rows, canvas, known, slot.known), rows, positions)
         x0 = rollout.tokens.gather(1, positions[..., None].expand(-1, -1, C)).reshape(B * n, C)
         t, noise = draws.times[j].reshape(D, B * n), draws.noise[j].reshape(D, B * n, C)
         target = sampler.training_target(x0.expand(D, -1, -1), noise, t)
@@ -270,7 +271,7 @@ def prepare_matching(policy, ref_context, rollout: Rollout, config, batches, sam
         draws = draw_matching(rollout, config.matching_draws, tuple(config.matching_times))
     keep = torch.ones(
         rollout.batch_size,
-        sum(rollout.slots[j].revealed for j in range(rollout.plan.num_mask_steps)),
+        sum(slot.revealed for slot in rollout.slots),
         dtype=torch.bool,
         device=rollout.tokens.device,
     )

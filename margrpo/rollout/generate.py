@@ -301,7 +301,7 @@ class _Generation:
         diffusion steps (none when j is None)."""
         B, P = positions.shape
         C = self.canvas.shape[-1]
-        bank = _gather_rows(self.noise_bank, positions)[:, :, :, : num_seeds + 1]
+        bank = _gather_rows(self.noise_bank[:, :, :, : num_seeds + 1], positions)  # only the trajectories it runs
         return multi_seed_denoise(
             self.backbone.head,
             head_condition(z, self.cond, positions),
