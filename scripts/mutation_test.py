@@ -368,6 +368,22 @@ MUTANTS: tuple[Mutant, ...] = (
         UPDATE,
     ),
     Mutant(
+        "mte_seeds_guided_by_the_conditional_rows",
+        f"{ROLL}/likelihood.py::_seeds_where_selected",
+        "torch.cat([z_rows[rows], z_rows[N + rows]])",
+        "torch.cat([z_rows[rows], z_rows[rows]])",
+        "the seeds scored at the MTE tokens take the conditional rows for the unconditional half too",
+        ("tests/test_grpo_update.py",),
+    ),
+    Mutant(
+        "mte_seed_rows_from_the_first_recorded_diffusion_step",
+        f"{ROLL}/likelihood.py::_seed_rows",
+        "mask.any(1)",
+        "mask[:, 0]",
+        "a token's seeds are scored only when its first recorded transition is selected",
+        ("tests/test_grpo_update.py",),
+    ),
+    Mutant(
         "samples_or",
         f"{GRPO}/policy_update.py::_transition_losses",
         "keep = keep & samples.to(keep.device)",

@@ -145,7 +145,8 @@ def test_update_gradient_is_the_full_batch_loss_gradient(tiny, switches):
 
 def test_only_the_trajectories_the_loss_reads_are_scored(tiny, monkeypatch):
     """The KL reads trajectory 0 (objective.chunk_loss), so the ref policy's likelihood scores that one
-    alone while the policy's scores all K + 1 under MTE, and trajectory 0 alone without it (the
+    alone while the policy scores all K + 1 under MTE (the seeds at the MTE positions only: the test
+    below), and trajectory 0 alone without it (the
     numbers: the full-batch gradient test above, with and without MTE, the KL on)."""
     import importlib
 
@@ -157,7 +158,8 @@ def test_only_the_trajectories_the_loss_reads_are_scored(tiny, monkeypatch):
     original = policy_update.rollout_logprob
 
     def spy(backbone, part, **kwargs):
-        scored.append(("ref" if backbone is reference else "policy", part.num_trajectories))
+        seeds_everywhere = part.num_trajectories > 1 and kwargs.get("seed_positions") is None
+        scored.append(("ref" if backbone is reference else "policy", part.num_trajectories, seeds_everywhere))
         return original(backbone, part, **kwargs)
 
     monkeypatch.setattr(policy_update, "rollout_logprob", spy)
@@ -166,12 +168,12 @@ def test_only_the_trajectories_the_loss_reads_are_scored(tiny, monkeypatch):
     result = update(policy, reference, rollout, advantages, GRPOConfig(kl_beta=0.3, mte=True), optimizer)
     assert result.skipped is None and abs(result.metrics["kl"]) < 1e-12  # the policy is the ref policy
     assert rollout.num_trajectories == 3
-    assert ("ref", 1) in scored and ("policy", 3) in scored
-    assert {trajectories for who, trajectories in scored if who == "ref"} == {1}
+    assert ("ref", 1, False) in scored and ("policy", 3, False) in scored  # the seeds at the MTE positions
+    assert {trajectories for who, trajectories, _ in scored if who == "ref"} == {1}
     # without MTE nothing reads the seed trajectories: the policy scores trajectory 0 alone too
     scored.clear()
     update(policy, reference, rollout, advantages, GRPOConfig(kl_beta=0.3), optimizer)
-    assert sorted(set(scored)) == [("policy", 1), ("ref", 1)]
+    assert sorted(set(scored)) == [("policy", 1, False), ("ref", 1, False)]
 
 
 def test_update_rejects_bad_arguments_and_skips_non_finite_losses(tiny):
@@ -337,3 +339,53 @@ def test_grpo_package_imports_no_model_or_trainer_code():
                 names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
             bad = [n for n in names if n.startswith(("margrpo.models", "margrpo.train"))]
             assert not bad, f"{path.name} imports {bad}"
+
+
+def test_seed_positions_score_the_seeds_there_alone_and_keep_the_recorded_values_elsewhere(tiny, monkeypatch):
+    """rollout_logprob(seed_positions=...) (what the update passes under MTE): trajectory 0 and the
+    selected seed entries equal the full scoring in float64, values and gradients, under guidance;
+    the other seed entries are the recorded ones, without gradient; the head runs the seeds only on
+    the tokens with a selected transition."""
+    from margrpo.rollout import likelihood as likelihood_module
+
+    model, sampler = tiny
+    rollout = _rollout(model, sampler)  # guidance 2.5, unknown positions, K = 2
+    policy = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in policy.trainable_parameters():
+            p.add_(0.02 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel() + 1), dtype=F64))
+    B, L, T = rollout.batch_size, rollout.num_transitions, rollout.num_trajectories
+    R = rollout.plan.num_diffusion_steps
+    selected = torch.rand(B, L, generator=torch.Generator().manual_seed(3)) < 0.3  # differs across R within a token
+    rows_scored: list[int] = []
+    original = likelihood_module.transitions_logprob
+
+    def spy(head, z, *args, **kwargs):
+        rows_scored.append(kwargs["x_t"].shape[-2] * (kwargs["x_t"].shape[1] if kwargs["x_t"].dim() == 5 else 1))
+        return original(head, z, *args, **kwargs)
+
+    monkeypatch.setattr(likelihood_module, "transitions_logprob", spy)
+    full = rollout_logprob(policy, rollout)
+    rows_scored.clear()
+    part = rollout_logprob(policy, rollout, seed_positions=selected)
+    # per recorded step: trajectory 0 on every token, then the seeds on the tokens with a selected transition
+    expected_rows = []
+    for j in range(rollout.plan.num_mask_steps):
+        tokens = selected[:, rollout.slots[j].columns].unflatten(1, (R, -1)).any(1)
+        expected_rows += [tokens.numel(), int(tokens.sum())]
+    assert rows_scored == expected_rows and 0 < sum(expected_rows[1::2]) < sum(expected_rows[0::2])
+
+    read = torch.cat([torch.ones(1, B, L, dtype=torch.bool), selected.expand(T - 1, B, L)])
+    torch.testing.assert_close(part.logp[read], full.logp[read], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(part.mean[read], full.mean[read], rtol=1e-12, atol=1e-12)
+    assert torch.equal(part.logp[~read], rollout.logp[~read]) and torch.equal(part.mean[~read], rollout.mean[~read])
+    weights = torch.randn(T, B, L, generator=torch.Generator().manual_seed(4), dtype=F64) * read
+    params = list(policy.trainable_parameters())
+    got = torch.autograd.grad((part.logp * weights).sum() + part.mean[read].sum(), params)
+    want = torch.autograd.grad((full.logp * weights).sum() + full.mean[read].sum(), params)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+    with pytest.raises(ValueError, match="seed_positions"):
+        rollout_logprob(policy, rollout, seed_positions=selected[:, :-1])
+    one_step = rollout_logprob(policy, rollout, steps=[1], seed_positions=selected[:, rollout.slots[1].columns])
+    assert one_step.logp.shape == (T, B, rollout.slots[1].columns.stop - rollout.slots[1].columns.start)

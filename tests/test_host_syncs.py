@@ -105,6 +105,23 @@ def test_rollout_and_likelihood_do_not_sync_per_step(backbone, modes):
         assert b.launches > a.launches or name == "likelihood"  # the counter did see the longer loop
 
 
+def test_scoring_the_seeds_at_some_positions_reads_the_host_once_per_call():
+    """rollout_logprob(seed_positions=...) (the update under MTE) reads how many tokens each recorded
+    step scores its seeds on once for all steps together, however many steps are recorded."""
+    model, schedule = _tiny()
+    syncs = []
+    for recorded in (1, 3):
+        config = RolloutConfig(num_mask_steps=6, schedule=schedule, num_seeds=2, record_mask_steps=recorded, record_diffusion_steps=2)
+        rollout = generate(model, PROMPTS, config, [3, 4])
+        selected = torch.rand(rollout.batch_size, rollout.num_transitions, generator=torch.Generator().manual_seed(1)) < 0.5
+        with count_ops() as everywhere:
+            rollout_logprob(model, rollout)
+        with count_ops() as some:
+            rollout_logprob(model, rollout, seed_positions=selected)
+        syncs.append((some.syncs - everywhere.syncs, some.host_to_device - everywhere.host_to_device))
+    assert syncs == [(1, 0), (1, 0)], syncs
+
+
 @pytest.mark.parametrize("parity", [False, True], ids=["default", "parity-options"])
 def test_the_loss_and_its_backward_do_not_sync(parity):
     """margrpo.grpo's loss of a chunk (token weights normalised beforehand, once): no host read in

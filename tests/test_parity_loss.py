@@ -141,8 +141,9 @@ class Case:
         """The current head's std: the recorded one moved by theta (a learned-range variance depends on z)."""
         return self.rollout.std * torch.exp(self.log_std_shift * self.theta)
 
-    def _likelihood(self, model, sub_rollout, config, steps=None, bf16=False):
-        """The training likelihood of the policy (means moved by theta) or of the reference model."""
+    def _likelihood(self, model, sub_rollout, config, steps=None, bf16=False, seed_positions=None):
+        """The training likelihood of the policy (means moved by theta) or of the reference model,
+        every trajectory everywhere (seed_positions only says which seed entries the loss reads)."""
         images = sub_rollout.seeds.tolist()
         cols = self.rollout.columns(steps)
         if model is self.reference:

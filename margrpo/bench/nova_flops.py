@@ -17,8 +17,8 @@ recorded step, the reference code's algorithm), how often each unit runs on each
   fused      the head denoises only the tokens a step needs (its revealed ones; every unknown one at a
              recorded step and, main chain only past its revealed ones, at the step before it:
              consistency), the modulation once per token, step and half; the likelihood and the
-             KL reference evaluate the unknown positions only, the KL reference trajectory 0 alone
-             (all the KL reads)
+             KL reference evaluate the unknown positions only, the likelihood the K seeds at the MTE
+             tokens only, the KL reference trajectory 0 alone (all each term reads)
 
 The backbone (rollout forwards, likelihood forward and backward, the KL reference's forward), the VAE
 and the optimizer are the same work on both paths. Elementwise work (sampler arithmetic, AdamW) counts 0.
@@ -99,6 +99,7 @@ class Recipe:
     num_seeds: int = 3
     record_mask_steps: int = 12
     record_diffusion_steps: int = 10
+    mte_ratio: float = 0.3  # the seed trajectories are scored at this share of the likelihood's positions
     seed: int = 0
 
 
@@ -156,8 +157,12 @@ def step_flops(u: dict[str, float], r: Recipe) -> dict[str, dict[str, float]]:
     reference["KL reference head"] = M * B * N * K1 * R * off
     fused = dict(common)
     fused["rollout head"] = B * (fused_chains * 2 * T * den + fused_rows * (2 * T * mod + 2 * u["head_embed_token"]))
-    fused["likelihood head (grad)"] = B * unknown * (K1 * R * den + R * mod)
-    fused["backward (head, to z)"] = B * unknown * K1 * R * den * head_bwd_ratio
+    # trajectory 0 at every likelihood position; the K seeds (a second head call, its own modulation)
+    # at the MTE tokens only: a share mte_ratio of them on average (the top-k by uncertainty over the
+    # image, the generation order independent of it)
+    seed_positions = r.mte_ratio * unknown
+    fused["likelihood head (grad)"] = B * R * (unknown * (den + mod) + seed_positions * ((K1 - 1) * den + mod))
+    fused["backward (head, to z)"] = B * R * (unknown + seed_positions * (K1 - 1)) * den * head_bwd_ratio
     fused["KL reference head"] = B * unknown * (R * den + R * mod)  # trajectory 0: all the KL reads
     return {
         "reference": reference,
@@ -174,7 +179,7 @@ def step_flops(u: dict[str, float], r: Recipe) -> dict[str, dict[str, float]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m margrpo.bench.nova_flops", description=__doc__.split("\n\n")[0])
     for field in dataclasses.fields(Recipe):
-        parser.add_argument(f"--{field.name.replace('_', '-')}", type=int, default=field.default)
+        parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default), default=field.default)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     recipe = Recipe(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Recipe)})

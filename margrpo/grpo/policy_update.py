@@ -60,12 +60,13 @@ class UpdateResult:
     skipped: str | None = None
 
 
-def likelihood(model, rollout: Rollout, config: GRPOConfig, steps=None, bf16: bool = False) -> RolloutLikelihood:
+def likelihood(model, rollout: Rollout, config: GRPOConfig, steps=None, bf16: bool = False, seed_positions=None) -> RolloutLikelihood:
     """The training likelihood of `rollout`'s recorded transitions under `model` (the guidance of
-    config.likelihood_cfg), some recorded mask steps or all, autocast to bf16 when asked."""
+    config.likelihood_cfg), some recorded mask steps or all, autocast to bf16 when asked; the seed
+    trajectories scored only at seed_positions [B, L] when given (rollout_logprob)."""
     device = rollout.tokens.device
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-        return rollout_logprob(model, rollout, cfg=config.likelihood_cfg, steps=steps)
+        return rollout_logprob(model, rollout, cfg=config.likelihood_cfg, steps=steps, seed_positions=seed_positions)
 
 
 def token_selection(rollout: Rollout, config: GRPOConfig) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -198,8 +199,10 @@ def old_values(policy, rollout: Rollout, config: GRPOConfig, batches, bf16: bool
 
 def _chunk_loss(policy, chunk: RolloutChunk, advantages, weights, mte, kl_weights, config: GRPOConfig, bf16: bool, old_is_current: bool):
     """The loss of one chunk, recomputed with gradient under the policy; old_is_current: the ratio
-    divides by this forward's own values (see `_transition_losses`)."""
-    lik = likelihood(policy, chunk.rollout, config, steps=chunk.steps, bf16=bf16)
+    divides by this forward's own values (see `_transition_losses`). Under MTE the seed trajectories
+    are scored at the MTE positions only: the policy term reads them nowhere else."""
+    seed_positions = None if mte is None else chunk.take(mte.any(-1))
+    lik = likelihood(policy, chunk.rollout, config, steps=chunk.steps, bf16=bf16, seed_positions=seed_positions)
     # one std for every Gaussian of the loss (the reference code has no Gaussian KL to copy): the old
     # log-probs (the first update's ratio is then 1), the gaussian KL (the policy term's Gaussians)
     # and, under recorded_main, k3's ref log-probs (the ref policy's own std, e.g. the post-step

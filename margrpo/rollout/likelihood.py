@@ -12,6 +12,8 @@ relies on.
 
 from __future__ import annotations
 
+import functools
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -40,12 +42,45 @@ class RolloutLikelihood:
     mask: torch.Tensor
 
 
+def _seed_rows(selected: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Per recorded step, the tokens (image-major rows b * P + p) with a selected transition, from
+    its selection bool [B, R, P]: one host read for every step together (the row counts)."""
+    tokens = [mask.any(1).reshape(-1) for mask in selected]
+    counts = torch.stack([t.sum() for t in tokens]).tolist()
+    flat = torch.nonzero_static(torch.cat(tokens), size=sum(counts)).squeeze(1)  # no second read
+    offsets = itertools.accumulate((t.numel() for t in tokens), initial=0)
+    return [rows - offset for rows, offset in zip(flat.split(counts), offsets)]
+
+
+def _seeds_where_selected(score, z_rows, x_t, x_prev, selected, rows, recorded):
+    """(logp [T, B, R, P], mean [T, B, R, P, C]) of one recorded step: trajectory 0 scored at every
+    position, the K seeds only at the tokens `rows` (one head call on those rows), the recorded values
+    where `selected` [B, R, P] is False; recorded: the rollout's logp and mean of the step."""
+    B, R, P = x_t.shape[1:4]
+    logp, mean = score(z_rows, x_t=x_t[:1], x_prev=x_prev[:1])
+    seed_logp, seed_mean = (values[1:].detach().to(like.dtype) for values, like in zip(recorded, (logp, mean)))
+    if rows.numel():
+        N = B * P
+        z_seeds = z_rows[rows] if z_rows.shape[0] == N else torch.cat([z_rows[rows], z_rows[N + rows]])  # [cond; uncond]
+
+        def seed_rows(values):  # [T, B, R, P, ...] -> the seeds' [K, R, n, ...] at the chosen tokens
+            return values[1:].transpose(1, 2).flatten(2, 3)[:, :, rows]
+
+        s_logp, s_mean = score(z_seeds, x_t=seed_rows(x_t), x_prev=seed_rows(x_prev))
+        scored_logp = seed_logp.transpose(1, 2).flatten(2, 3).index_copy(2, rows, s_logp).unflatten(2, (B, P)).transpose(1, 2)
+        scored_mean = seed_mean.transpose(1, 2).flatten(2, 3).index_copy(2, rows, s_mean).unflatten(2, (B, P)).transpose(1, 2)
+        seed_logp = torch.where(selected, scored_logp, seed_logp)
+        seed_mean = torch.where(selected[..., None], scored_mean, seed_mean)
+    return torch.cat([logp, seed_logp]), torch.cat([mean, seed_mean])
+
+
 def rollout_logprob(
     backbone,
     rollout: Rollout,
     *,
     cfg: str = "rollout",
     steps: Sequence[int] | None = None,
+    seed_positions: torch.Tensor | None = None,
 ) -> RolloutLikelihood:
     """Log-probs of `rollout`'s recorded transitions under `backbone`'s current parameters.
 
@@ -54,7 +89,11 @@ def rollout_logprob(
     the reference code trains). steps: recorded mask-step indices j to evaluate (default all, in
     order); the L axis of the result is the concatenation of their `rollout.l_slice(j)`, so a
     trainer can backpropagate one mask step at a time. Ratio 1 on-policy needs the backbone in the
-    same mode as in the rollout (eval: no dropout).
+    same mode as in the rollout (eval: no dropout). seed_positions: bool [B, L] (the result's L),
+    where the K seed trajectories are scored; elsewhere only trajectory 0 is, and the seeds' entries
+    hold the rollout's recorded log-probs and means, without gradient (the MTE positions of a loss that
+    reads the seeds nowhere else: about a third of the head's work), at the cost of one host read per
+    call (how many tokens that is per step). None: every trajectory everywhere.
     """
     check_backbone(backbone)
     if cfg not in LIKELIHOOD_CFG:
@@ -68,8 +107,18 @@ def rollout_logprob(
     rows = prompt_rows(backbone, rollout.prompts, rollout.config, guided=guided)
     B, R = rollout.batch_size, rollout.plan.num_diffusion_steps
     committed = rollout.l_committed()
+    L = R * sum(rollout.slots[j].count for j in steps)
+    if seed_positions is not None and (seed_positions.dtype != torch.bool or seed_positions.shape != (B, L)):
+        raise ValueError(
+            f"seed_positions: got {seed_positions.dtype} {tuple(seed_positions.shape)}, expected bool [{B}, {L}] (B, L of the steps)"
+        )
+    selections = seed_rows = None
+    if seed_positions is not None and rollout.num_trajectories > 1 and steps:
+        widths = [R * rollout.slots[j].count for j in steps]
+        selections = [part.unflatten(1, (R, -1)) for part in seed_positions.split(widths, 1)]
+        seed_rows = _seed_rows(selections)
     logps, means, masks = [], [], []
-    for j in steps:
+    for i, j in enumerate(steps):
         canvas, known = rollout.canvas_known(j)
         positions = rollout.positions(j)
         slot = rollout.slots[j]
@@ -78,17 +127,20 @@ def rollout_logprob(
         part = slot.columns
         # the step's part of L is its [R, P_j] transitions: the head reads it as a [T, B, R, P_j, C] view
         x_t, x_prev = (values[:, :, part].unflatten(2, (R, positions.shape[1])) for values in (rollout.x_t, rollout.x_prev))
-        logp, mean = transitions_logprob(
+        score = functools.partial(
+            transitions_logprob,
             backbone.head,
-            z_rows,
-            rollout.sampler,
-            rollout.plan.diffusion_steps[j],
-            x_t,
-            x_prev,
+            sampler=rollout.sampler,
+            steps=rollout.plan.diffusion_steps[j],
             cfg=guidance_for(rollout.config, rollout.cfg_scales[j], guided=guided),
             temperature=rollout.config.temperature,
             return_mean=True,
         )
+        if seed_rows is None:
+            logp, mean = score(z_rows, x_t=x_t, x_prev=x_prev)
+        else:
+            recorded = [values[:, :, part].unflatten(2, (R, positions.shape[1])) for values in (rollout.logp, rollout.mean)]
+            logp, mean = _seeds_where_selected(score, z_rows, x_t, x_prev, selections[i], seed_rows[i], recorded)
         logps.append(logp.flatten(2, 3))
         means.append(mean.flatten(2, 3))
         masks.append(committed[part].expand(B, -1))
