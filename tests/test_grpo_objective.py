@@ -240,12 +240,13 @@ def test_which_updates_rescore_their_old_logprobs(tiny):
         dict(likelihood_cfg="none"),
         dict(likelihood_cfg="none", pixels_per_token=2, micro_batches=2, micro_batch_over="mask_steps"),
         dict(likelihood_cfg="none", likelihood_std="recorded_main", minibatch_over="mask_steps", minibatches=3),
+        dict(likelihood_cfg="none", mte=True, minibatches=2),
     ],
 )
 def test_rescored_old_logprobs_make_the_first_update_on_policy(tiny, switches):
     """The unguided likelihood scores another policy than the guided rollout: its first update must
     still see ratio 1 (per-pixel log-probs and the recorded std included, which rebuild the old
-    log-probs from the means)."""
+    log-probs from the means; under MTE the seed trajectories at the MTE tokens, rescored there alone)."""
     model, rollout = tiny
     config = GRPOConfig(kl_beta=0.0, **switches)
     _, result = _gradient(model, rollout, torch.tensor([0.9, -0.4, 0.3, -0.8], dtype=F64), config)

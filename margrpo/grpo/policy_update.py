@@ -181,15 +181,17 @@ def rescores_old(policy, rollout: Rollout, config: GRPOConfig, bf16: bool) -> bo
     return unguided or bf16 or half
 
 
-def old_values(policy, rollout: Rollout, config: GRPOConfig, batches, bf16: bool) -> Rollout:
+def old_values(policy, rollout: Rollout, config: GRPOConfig, batches, bf16: bool, mte: torch.Tensor | None = None) -> Rollout:
     """`rollout` with old log-probs and means scored by the training likelihood without gradient,
-    chunk by chunk as the update's first epoch scores them, so that epoch's ratio is 1 to rounding."""
+    chunk by chunk as the update's first epoch scores them, so that epoch's ratio is 1 to rounding
+    (the seed trajectories at the MTE positions `mte` [B, L, P] only, as the loss scores them)."""
     old_logp, old_mean = rollout.logp.clone(), rollout.mean.clone()
     with torch.no_grad():
         for minibatch in batches:
             for images, steps in minibatch:
                 chunk = rollout.chunk(images, steps)
-                lik = likelihood(policy, chunk.rollout, config, steps=chunk.steps, bf16=bf16)
+                seed_positions = None if mte is None else chunk.take(mte.any(-1))
+                lik = likelihood(policy, chunk.rollout, config, steps=chunk.steps, bf16=bf16, seed_positions=seed_positions)
                 rows = torch.tensor(images, dtype=torch.long, device=old_logp.device)
                 cols = rollout.columns(steps)
                 at = (slice(None), rows) if isinstance(cols, slice) else (slice(None), rows[:, None], cols[None])
@@ -261,7 +263,7 @@ def _transition_losses(policy, ref_context, rollout: Rollout, advantages, config
         if config.inner_epochs == 1 and len(batches) == 1:
             old_is_current = True
         else:
-            rollout = old_values(policy, rollout, config, batches, bf16)
+            rollout = old_values(policy, rollout, config, batches, bf16, mte)
     policy.train()
     if ref_context is not None:
         with torch.no_grad(), ref_context as model:
