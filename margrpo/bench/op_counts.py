@@ -21,6 +21,7 @@ that caused it (`sites`), so a regression names its place.
 from __future__ import annotations
 
 import traceback
+from pathlib import Path
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -57,12 +58,18 @@ _NO_KERNEL = {
 }
 
 
+# the package's own folder: a checkout or clone named "margrpo" holds tests/ and scripts/ beside it,
+# which are not margrpo frames
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent.as_posix() + "/"
+
+
 def _site() -> str:
-    """The innermost margrpo frame of the current Python stack, as 'path:line' (or '?')."""
+    """The innermost margrpo frame of the current Python stack, as 'path:line' inside the package
+    (or '?')."""
     for frame in reversed(traceback.extract_stack()):
-        path = frame.filename.replace("\\", "/")
-        if "/margrpo/" in path and not path.endswith("bench/op_counts.py"):
-            return f"{path.rsplit('/margrpo/', 1)[1]}:{frame.lineno}"
+        path = Path(frame.filename).resolve().as_posix()
+        if path.startswith(_PACKAGE_DIR) and not path.endswith("bench/op_counts.py"):
+            return f"{path[len(_PACKAGE_DIR) :]}:{frame.lineno}"
     return "?"
 
 
