@@ -161,6 +161,26 @@ def test_seed_trajectories_that_nothing_reads_are_announced(capsys):
     assert "rollout.num_seeds" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "extra, deferred",
+    [
+        (("grpo.mte=true",), True),  # the seed chains past the committed tokens run for the MTE tokens alone
+        (("grpo.mte=false",), False),
+        (("grpo.mte=true", "grpo.mte_random_positions=1"), False),  # the update draws those: not known before
+        (("grpo.mte=true", "rollout.seed_chains=commit"), False),
+        (("grpo.mte=true", "grpo.estimator=matching"), False),
+    ],
+)
+def test_the_trainer_defers_seed_chains_exactly_under_deterministic_mte(extra, deferred):
+    from margrpo.train.step import step_rollout
+
+    trainer = _start("rollout.num_seeds=2", "rollout.likelihood_positions=unknown", "grpo.prompts_per_step=1", "grpo.group_size=2", *extra)
+    _, rollout = step_rollout(trainer, 0)
+    assert (rollout.seed_recorded is not None) == deferred
+    if deferred:  # some seed entries past the committed tokens are left out
+        assert not bool(rollout.seed_recorded.all())
+
+
 def test_the_prompt_tracker_uses_grpo_advantage_eps():
     trainer = _start("grpo.advantage=tracker", "grpo.advantage_eps=0.5")
     assert trainer.tracker.eps == 0.5

@@ -5,6 +5,7 @@ loss had before token weights were normalised only once, and the Rollout's chunk
 from __future__ import annotations
 
 import copy
+import importlib
 
 import pytest
 import torch
@@ -27,7 +28,7 @@ def tiny():
     return model, model.make_sampler()
 
 
-def _rollout(model, sampler, plan=PLAN, **overrides):
+def _rollout(model, sampler, plan=PLAN, seed_selection=None, **overrides):
     values = dict(
         num_mask_steps=5,
         schedule="harmon",
@@ -38,7 +39,7 @@ def _rollout(model, sampler, plan=PLAN, **overrides):
         likelihood_positions="unknown",
     )
     config = RolloutConfig(**{**values, **overrides})
-    return generate(model, PROMPTS, config, [11, 12, 13, 14], sampler=sampler, plan=plan)
+    return generate(model, PROMPTS, config, [11, 12, 13, 14], sampler=sampler, plan=plan, seed_selection=seed_selection)
 
 
 class SummedGradients(torch.optim.SGD):
@@ -389,3 +390,104 @@ def test_seed_positions_score_the_seeds_there_alone_and_keep_the_recorded_values
         rollout_logprob(policy, rollout, seed_positions=selected[:, :-1])
     one_step = rollout_logprob(policy, rollout, steps=[1], seed_positions=selected[:, rollout.slots[1].columns])
     assert one_step.logp.shape == (T, B, rollout.slots[1].columns.stop - rollout.slots[1].columns.start)
+
+
+def _mte_config(**switches) -> GRPOConfig:
+    values = dict(kl_beta=0.3, clip_eps=0.05, mte=True, mte_ratio=0.4, consistency=True, consistency_start_step=0)
+    return GRPOConfig(**{**values, **switches})
+
+
+def test_deferred_seed_chains_draw_the_same_numbers_where_the_loss_reads_them(tiny, monkeypatch):
+    """generate(seed_selection=mte_tokens(config)) (the trainer under MTE): trajectory 0, the image,
+    the seed tokens and the predictions are the full rollout's bit for bit; the seed entries at the
+    committed tokens and the MTE tokens equal it (float64), the others are trajectory 0's stand-ins,
+    seed_recorded marks exactly the drawn ones, and the head runs the seeds past a recorded step's
+    committed tokens only on the selected tokens."""
+    from margrpo.grpo.selection import mte_mask, mte_tokens
+
+    generate_module = importlib.import_module("margrpo.rollout.generate")
+    model, sampler = tiny
+    config = _mte_config()
+    chains = {"full": 0, "deferred": 0}
+    original = generate_module.multi_seed_denoise
+
+    def counting(key):
+        def spy(head, z, sampler, num_seeds, **kwargs):
+            chains[key] += (num_seeds + 1) * kwargs["noise"].shape[2]  # chains run
+            return original(head, z, sampler, num_seeds, **kwargs)
+
+        return spy
+
+    monkeypatch.setattr(generate_module, "multi_seed_denoise", counting("full"))
+    full = _rollout(model, sampler)
+    monkeypatch.setattr(generate_module, "multi_seed_denoise", counting("deferred"))
+    deferred = _rollout(model, sampler, seed_selection=mte_tokens(config))
+    monkeypatch.undo()
+    for name in ("tokens", "seed_tokens", "images", "pred_clean", "pred_clean_prev", "order"):
+        assert torch.equal(getattr(full, name), getattr(deferred, name)), name
+    # expected: a seed entry is drawn when its token is committed at its step or selected by MTE
+    selected = mte_mask(full.seed_tokens, config.mte_ratio).any(-1)  # [B, N]
+    committed = full.l_committed()[None].expand(full.batch_size, -1)  # [B, L]
+    expected = committed | selected.gather(1, full.l_positions())
+    assert torch.equal(deferred.seed_recorded, expected) and 0 < int(expected.sum()) < expected.numel()
+    for name in ("x_t", "x_prev", "mean", "std", "logp"):
+        got, want = getattr(deferred, name), getattr(full, name)
+        assert torch.equal(got[0], want[0]), name
+        torch.testing.assert_close(got[1:][:, expected], want[1:][:, expected], rtol=1e-12, atol=1e-12)
+        assert torch.equal(got[1:][:, ~expected], got[:1].expand_as(got[1:])[:, ~expected]), name
+    # the seed chains left out: K for every unselected token past a recorded step's committed ones
+    R, K = full.plan.num_diffusion_steps, full.num_trajectories - 1
+    assert chains["full"] - chains["deferred"] == K * int((~expected).sum()) // R > 0
+
+
+@pytest.mark.parametrize(
+    "switches",
+    [
+        dict(),
+        dict(minibatches=2, inner_epochs=2, likelihood_cfg="none"),
+        dict(mte_ratio=0.05, mte_k="reference"),  # one token per image, where the floor rule takes none
+    ],
+)
+def test_an_update_on_a_deferred_rollout_is_the_full_rollouts_update(tiny, switches):
+    """The same MTE update (gradients of every optimizer step, metrics) on the rollout with deferred
+    seed chains as on the fully drawn one, in float64; a rollout drawn for other tokens is refused."""
+    from margrpo.grpo.selection import mte_tokens
+
+    model, sampler = tiny
+    config = _mte_config(**switches)
+    results = []
+    for rollout in (_rollout(model, sampler), _rollout(model, sampler, seed_selection=mte_tokens(config))):
+        policy = copy.deepcopy(model)
+        with torch.no_grad():
+            for p in policy.trainable_parameters():
+                p.add_(0.02 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel()), dtype=F64))
+        optimizer = SummedGradients(list(policy.trainable_parameters()))
+        reference = copy.deepcopy(model).requires_grad_(False)
+        result = update(policy, reference, rollout, torch.tensor([1.0, -0.5, 0.25, -0.75], dtype=F64), config, optimizer)
+        assert result.skipped is None
+        results.append((optimizer.total, result.metrics))
+    (full_grads, full_metrics), (grads, metrics) = results
+    for got, want in zip(grads, full_grads):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+    for key in ("loss", "policy", "kl", "ratio_max", "mte_fraction", "selected_fraction"):
+        assert metrics[key] == pytest.approx(full_metrics[key], rel=1e-9, abs=1e-12), key
+    other = _rollout(model, sampler, seed_selection=lambda seeds: torch.zeros(seeds.shape[1:3], dtype=torch.bool))
+    with pytest.raises(ValueError, match="MTE positions"):
+        policy = copy.deepcopy(model)
+        update(
+            policy, None, other, torch.ones(4, dtype=F64), GRPOConfig(kl_beta=0.0, mte=True), SummedGradients(policy.trainable_parameters())
+        )
+
+
+def test_seed_selection_is_refused_where_it_cannot_apply(tiny):
+    from margrpo.grpo.selection import mte_tokens
+
+    model, sampler = tiny
+    select = mte_tokens(_mte_config())
+    with pytest.raises(ValueError, match="likelihood_positions 'revealed'"):
+        _rollout(model, sampler, seed_selection=select, likelihood_positions="revealed")
+    with pytest.raises(ValueError, match="seed_chains 'commit'"):
+        _rollout(model, sampler, seed_selection=select, seed_chains="commit")
+    with pytest.raises(ValueError, match=r"seed_selection: returned torch.int64"):
+        _rollout(model, sampler, seed_selection=lambda seeds: torch.zeros(seeds.shape[1:3], dtype=torch.long))
+    assert mte_tokens(GRPOConfig()) is None and mte_tokens(GRPOConfig(mte=True, mte_random_positions=1)) is None

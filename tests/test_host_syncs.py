@@ -122,6 +122,33 @@ def test_scoring_the_seeds_at_some_positions_reads_the_host_once_per_call():
     assert syncs == [(1, 0), (1, 0)], syncs
 
 
+def test_deferred_seed_chains_read_the_host_once_per_rollout():
+    """generate(seed_selection=...) (the trainer under MTE) reads how many selected tokens each
+    recorded step has once, for all of them together, however many steps are recorded."""
+    from margrpo.grpo import GRPOConfig
+    from margrpo.grpo.selection import mte_tokens
+
+    model, schedule = _tiny()
+    select = mte_tokens(GRPOConfig(mte=True, mte_ratio=0.3))
+    extra = []
+    for recorded in (1, 3):
+        config = RolloutConfig(
+            num_mask_steps=6,
+            schedule=schedule,
+            num_seeds=2,
+            record_mask_steps=recorded,
+            record_diffusion_steps=2,
+            likelihood_positions="unknown",
+        )
+        with count_ops() as everywhere:
+            generate(model, PROMPTS, config, [3, 4])
+        with count_ops() as deferred:
+            generate(model, PROMPTS, config, [3, 4], seed_selection=select)
+        syncs = [sum(counts.sites[site] for site in _device_syncs(counts)) for counts in (deferred, everywhere)]
+        extra.append((syncs[0] - syncs[1], deferred.host_to_device - everywhere.host_to_device))
+    assert extra == [(1, 0), (1, 0)], extra
+
+
 @pytest.mark.parametrize("parity", [False, True], ids=["default", "parity-options"])
 def test_the_loss_and_its_backward_do_not_sync(parity):
     """margrpo.grpo's loss of a chunk (token weights normalised beforehand, once): no host read in

@@ -626,12 +626,19 @@ def test_the_nova_flop_model_counts_the_head_work_that_generate_does(backbone, s
         return denoise(head, condition, *args, num_seeds=num_seeds, **kwargs)
 
     monkeypatch.setattr(generate_module, "multi_seed_denoise", counting)
-    for plan in (RecordPlan((3, 5), ((0, 2, 4), (1, 2, 3))), RecordPlan((2, 3), ((0, 1, 2), (1, 2, 3)))):
-        tokens = chains = 0
-        config = _config(likelihood_positions="unknown", num_seeds=3)  # unguided: one condition row per token
-        rollout = generate_module.generate(backbone, list(PROMPTS), config, [5, 6, 7], sampler=sampler, plan=plan)
-        per_image = fused_rollout_head_work(list(rollout.reveal_counts), set(plan.mask_steps), config.num_seeds + 1)
-        assert (tokens, chains) == (len(PROMPTS) * per_image[0], len(PROMPTS) * per_image[1])
+    plans = (RecordPlan((3, 5), ((0, 2, 4), (1, 2, 3))), RecordPlan((2, 3), ((0, 1, 2), (1, 2, 3))))
+    # seed chains past the committed tokens in the recorded step's call, or deferred for none or all
+    selections = {None: None, 0.0: lambda seeds: seeds.new_zeros(seeds.shape[1:3], dtype=torch.bool)}
+    selections[1.0] = lambda seeds: seeds.new_ones(seeds.shape[1:3], dtype=torch.bool)
+    for plan in plans:
+        for share, select in selections.items():
+            tokens = chains = 0
+            config = _config(likelihood_positions="unknown", num_seeds=3)  # unguided: one condition row per token
+            rollout = generate_module.generate(
+                backbone, list(PROMPTS), config, [5, 6, 7], sampler=sampler, plan=plan, seed_selection=select
+            )
+            per_image = fused_rollout_head_work(list(rollout.reveal_counts), set(plan.mask_steps), config.num_seeds + 1, share)
+            assert (tokens, chains) == (len(PROMPTS) * per_image[0], len(PROMPTS) * per_image[1]), share
 
 
 # ---------------------------------------------------------------- plans and bad input

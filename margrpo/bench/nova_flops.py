@@ -15,10 +15,11 @@ recorded step, the reference code's algorithm), how often each unit runs on each
              halves x T steps, the official forward each; the likelihood, the KL reference and the
              backward evaluate all N tokens x (K + 1) x R per recorded step
   fused      the head denoises only the tokens a step needs (its revealed ones; every unknown one at a
-             recorded step and, main chain only past its revealed ones, at the step before it:
-             consistency), the modulation once per token, step and half; the likelihood and the
-             KL reference evaluate the unknown positions only, the likelihood the K seeds at the MTE
-             tokens only, the KL reference trajectory 0 alone (all each term reads)
+             recorded step, the seed chains past its revealed ones only for the MTE tokens, and, main
+             chain only past its revealed ones, at the step before it: consistency), the modulation
+             once per token, step and half; the likelihood and the KL reference evaluate the unknown
+             positions only, the likelihood the K seeds at the MTE tokens only, the KL reference
+             trajectory 0 alone (all each term reads)
 
 The backbone (rollout forwards, likelihood forward and backward, the KL reference's forward), the VAE
 and the optimizer are the same work on both paths. Elementwise work (sampler arithmetic, AdamW) counts 0.
@@ -103,18 +104,26 @@ class Recipe:
     seed: int = 0
 
 
-def fused_rollout_head_work(counts: list[int], recorded: set[int], trajectories: int) -> tuple[int, int]:
+def fused_rollout_head_work(
+    counts: list[int], recorded: set[int], trajectories: int, seed_share: float | None = None
+) -> tuple[float, float]:
     """(tokens, token chains) the fused rollout's head processes for one image, summed over the
     effective mask steps of the schedule `counts` with mask steps `recorded` (likelihood over every
     unknown position, consistency predictions on): tokens are conditioned once per step (time
     embedding and modulation), chains are denoised (`trajectories` = K + 1 per token, but at the step
-    before a recorded one only the main chain where no token is committed)."""
+    before a recorded one only the main chain where no token is committed). seed_share: None, every
+    chain of a recorded step in one call; a share (the trainer under MTE: the MTE ratio, on
+    average), the seed chains past the committed tokens deferred, run for that share of them in a
+    call of their own (conditioned again)."""
     N, steps = sum(counts), [s for s, n in enumerate(counts) if n > 0]
     before_recorded = {steps[i - 1] for i in range(1, len(steps)) if steps[i] in recorded}
     tokens = chains = start = 0
     for s in steps:
         unknown, n = N - start, counts[s]
-        if s in recorded:
+        if s in recorded and seed_share is not None:
+            later = seed_share * (unknown - n)  # the deferred call's tokens
+            tokens, chains = tokens + unknown + later, chains + trajectories * n + (unknown - n) + (trajectories - 1) * later
+        elif s in recorded:
             tokens, chains = tokens + unknown, chains + trajectories * unknown
         elif s in before_recorded:
             tokens, chains = tokens + unknown, chains + trajectories * n + unknown - n
@@ -136,7 +145,7 @@ def step_flops(u: dict[str, float], r: Recipe) -> dict[str, dict[str, float]]:
     M = min(M, len(steps))
     plan = choose_plan(counts, sampler, M, R, torch.Generator().manual_seed(r.seed))
     recorded = set(plan.mask_steps)
-    fused_rows, fused_chains = fused_rollout_head_work(counts, recorded, K1)
+    fused_rows, fused_chains = fused_rollout_head_work(counts, recorded, K1, r.mte_ratio)
     starts = {s: sum(counts[:s]) for s in steps}
     unknown = sum(N - starts[s] for s in recorded)  # likelihood positions over the recorded steps (per image)
     den, mod, off = u["head_denoise_row_step"], u["head_modulation_token_step"], u["head_official_row_step"]

@@ -251,6 +251,11 @@ def _transition_losses(policy, ref_context, rollout: Rollout, advantages, config
     keep, mte = token_selection(rollout, config)
     if mte is None:  # without MTE the loss reads trajectory 0 alone (objective.chunk_loss)
         rollout = rollout.main_trajectory()
+    elif rollout.seed_recorded is not None and bool((mte.any(-1) & ~rollout.seed_recorded).any()):
+        raise ValueError(
+            "rollout: its seed trajectories were drawn for other tokens than this update's MTE positions "
+            "(generate's seed_selection must choose the tokens grpo.mte does: margrpo.grpo.selection.mte_tokens)"
+        )
     if samples is not None:
         keep = keep & samples.to(keep.device)[:, None, None]
     weights, kl_weights = update_weights(rollout, keep, config, batches)

@@ -9,6 +9,8 @@ out as [B, N, P] (P = 1 for tokens).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from margrpo import ops
@@ -67,6 +69,20 @@ def mte_mask(
         draws = torch.rand(B, positions, generator=generator, device=scores.device)  # generator: on that device
         selected = selected | ops.topk_mask(draws, k=random_positions)
     return selected.view(B, seed_final.shape[2], pixels_per_token)
+
+
+def mte_tokens(config) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The tokens a GRPO update with `config` (a GRPOConfig) reads the seed trajectories at, as a
+    function of the seed tokens [K, B, N, C] -> bool [B, N]: generate's seed_selection, so that the
+    rollout draws the seeds' transitions past the committed tokens there alone. None when MTE is off
+    or adds random positions (the update draws those itself, so they are not known before it)."""
+    if not config.mte or config.mte_random_positions:
+        return None
+
+    def tokens(seed_tokens: torch.Tensor) -> torch.Tensor:
+        return mte_mask(seed_tokens, config.mte_ratio, config.pixels_per_token, k_rule=config.mte_k).any(-1)
+
+    return tokens
 
 
 def consistency_keep(

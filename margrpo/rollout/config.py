@@ -104,6 +104,17 @@ class RolloutConfig:
                 "and 'revealed' has none of those) or known_mask 'pre_step'"
             )
 
+    def seed_selection_conflicts(self) -> list[str]:
+        """Why generate(seed_selection=...) cannot defer seed chains under these settings (empty: it
+        can): it needs seed chains that a recorded step draws past its committed tokens."""
+        wanted = {
+            "num_seeds": (self.num_seeds > 0, "> 0"),
+            "likelihood_positions": (self.likelihood_positions == "unknown", "'unknown'"),
+            "known_mask": (self.known_mask == "pre_step", "'pre_step'"),
+            "seed_chains": (self.seed_chains == "step", "'step'"),
+        }
+        return [f"{name} {getattr(self, name)!r} (expected {want})" for name, (ok, want) in wanted.items() if not ok]
+
     def generation_only(self) -> "RolloutConfig":
         """The same sampling policy recording nothing (no seed chains, no transitions): the cheapest
         rollout, for sampling and evaluation."""

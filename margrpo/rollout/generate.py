@@ -34,7 +34,8 @@ sees the post-step canvas: no extra backbone pass, and the image is the same as 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from types import SimpleNamespace
 
 import torch
 
@@ -140,6 +141,13 @@ def _gather_rows(values: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     return values.gather(1, index.expand(*positions.shape, *values.shape[2:]))
 
 
+def _join_records(at_commit: torch.Tensor, rest: torch.Tensor) -> torch.Tensor:
+    """A recorded step's values [K+1, B, R, n, ...] at its committed tokens and trajectory 0's
+    [1, B, R, P - n, ...] elsewhere -> [K+1, B, R, P, ...], trajectory 0's standing in for the seeds
+    not drawn yet."""
+    return torch.cat([at_commit, rest.expand(at_commit.shape[0], *rest.shape[1:])], 3)
+
+
 def _stack_steps(per_step: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
     """M tensors [B, N, C] -> [B, M, N, C]; `like` [B, N, C] gives the shape when M = 0."""
     return torch.stack(per_step, 1) if per_step else like.new_zeros(like.shape[0], 0, *like.shape[1:])
@@ -157,6 +165,7 @@ def generate(
     shared_seeds: Sequence[int] | None = None,
     mirror: Sequence[int] | None = None,
     consistency_predictions: bool = True,
+    seed_selection: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> Rollout:
     """Generate one image per prompt and record the planned transitions.
 
@@ -173,6 +182,11 @@ def generate(
     "unknown"): record the head's clean predictions at each recorded step and at the step before it,
     which consistency-aware selection compares; False skips the extra denoise of every unknown
     position at the steps before recorded ones (the Rollout then has no pred_clean / pred_clean_prev).
+    seed_selection (MTE in "unknown" mode, pre-step known mask, step-drawn seed chains): a function of
+    the seed tokens [K, B, N, C] giving bool [B, N], the tokens whose seed trajectories a loss will
+    read (the update's MTE top-k). At a recorded step the seed chains of the positions not committed
+    there run after the loop, for those tokens only; the other seed entries hold trajectory 0's
+    record as a stand-in, and `Rollout.seed_recorded` marks the drawn ones. None: every seed drawn.
     Runs without gradient.
     """
     check_backbone(backbone)
@@ -181,6 +195,11 @@ def generate(
         _check_inputs(prompts, shared_seeds, config)
     if mirror is not None:
         _check_mirror(mirror, shared_seeds, len(prompts))
+    conflicts = config.seed_selection_conflicts() if seed_selection is not None else []
+    if conflicts:
+        raise ValueError(
+            f"seed_selection: needs seed chains that a recorded step draws past its committed tokens; got {', '.join(conflicts)}"
+        )
     if sampler is None:
         sampler = backbone.make_sampler(config.num_diffusion_steps)
     counts = mask_schedule(backbone.num_tokens, config.num_mask_steps, config.schedule)
@@ -196,7 +215,9 @@ def generate(
             diffusion_range=config.record_diffusion_range,
         )
     _check_plan(plan, counts, sampler, config)
-    generation = _Generation(backbone, prompts, config, seeds, sampler, plan, counts, shared_seeds, mirror, consistency_predictions)
+    generation = _Generation(
+        backbone, prompts, config, seeds, sampler, plan, counts, shared_seeds, mirror, consistency_predictions, seed_selection
+    )
     for step in effective_steps(counts):
         generation.mask_step(step)
     return generation.finish()
@@ -207,7 +228,18 @@ class _Generation:
     steps fill in (`mask_step`), what the recorded steps keep (`_record`), and the Rollout (`finish`)."""
 
     def __init__(
-        self, backbone, prompts, config: RolloutConfig, seeds, sampler, plan: RecordPlan, counts, shared_seeds, mirror, predictions: bool
+        self,
+        backbone,
+        prompts,
+        config: RolloutConfig,
+        seeds,
+        sampler,
+        plan: RecordPlan,
+        counts,
+        shared_seeds,
+        mirror,
+        predictions: bool,
+        seed_selection=None,
     ):
         self.backbone, self.prompts, self.config, self.seeds = backbone, list(prompts), config, seeds
         self.sampler, self.plan, self.counts = sampler, plan, counts
@@ -252,6 +284,8 @@ class _Generation:
         self.last_prediction = None
         self.commit_chains = CommitChains() if config.seed_chains == "commit" and K > 0 and M else None
         self.pending = None  # post-step mode: (j, positions, x_t and x_prev) of a recorded step, to score here
+        self.seed_selection = seed_selection
+        self.deferred: list = []  # seed_selection: (j, positions not committed at j, their head condition, scale)
         self.start = 0  # tokens known before the current mask step
 
     def mask_step(self, step: int) -> None:
@@ -276,6 +310,14 @@ class _Generation:
             chains = self._denoise(z, committed, K, scale, None).x0.to(self.dtype).reshape(K + 1, B, n, C)
             rest = self._denoise(z, positions[:, n:], 0, scale, None).x0.to(self.dtype).reshape(B, P - n, C)
             main = torch.cat([chains[0], rest], 1)
+        elif j is not None and P > n and self.seed_selection is not None and self.plan.num_diffusion_steps:
+            # the seed chains of the positions not committed here run after the loop, for the tokens
+            # the loss will read them at (`_deferred_seed_chains`)
+            at_commit, rest = self._denoise(z, committed, K, scale, j), self._denoise(z, positions[:, n:], 0, scale, j)
+            chains = at_commit.x0.to(self.dtype).reshape(K + 1, B, n, C)
+            main = torch.cat([chains[0], rest.x0.to(self.dtype).reshape(B, P - n, C)], 1)
+            out = SimpleNamespace(**{name: _join_records(getattr(at_commit, name), getattr(rest, name)) for name in RECORDED})
+            self.deferred.append((j, positions[:, n:], head_condition(z, self.cond, positions[:, n:]), scale))
         else:
             out = self._denoise(z, positions, K, scale, j)
             chains = out.x0.to(self.dtype).reshape(K + 1, B, P, C)
@@ -365,6 +407,8 @@ class _Generation:
                 K,
             )
 
+        seed_recorded = self._deferred_seed_chains() if self.seed_selection is not None else None
+
         def cat(name: str, tail: tuple[int, ...], trajectories: int = K + 1) -> torch.Tensor:
             parts = [r[name] for r in records]
             return torch.cat(parts, 2) if parts else torch.zeros(trajectories, B, 0, *tail, device=self.device, dtype=self.dtype)
@@ -389,4 +433,55 @@ class _Generation:
             config=config,
             sampler=self.sampler,
             sampled_std=cat("sampled_std", (C,), trajectories=1) if self.post_step else None,
+            seed_recorded=seed_recorded,
         )
+
+    def _deferred_seed_chains(self) -> torch.Tensor:
+        """Run the deferred seed chains (seed_selection) for the selected tokens, writing their
+        records in place of the stand-ins -> seed_recorded bool [B, L]: True where the seed entries
+        were drawn (every committed token's, and the selected ones')."""
+        B, R = self.canvas.shape[0], self.plan.num_diffusion_steps
+        selected = self.seed_selection(self.seed_tokens)
+        if not isinstance(selected, torch.Tensor) or selected.dtype != torch.bool or selected.shape != self.known.shape:
+            got = f"{selected.dtype} {tuple(selected.shape)}" if isinstance(selected, torch.Tensor) else type(selected).__name__
+            raise ValueError(f"seed_selection: returned {got}, expected bool {tuple(self.known.shape)} (B, N)")
+        wanted = [selected.gather(1, later) for _, later, _, _ in self.deferred]  # [B, Q] per deferred step
+        counts = torch.stack([w.sum() for w in wanted]).tolist() if wanted else []  # one host read for all
+        drawn = {}
+        for (j, later, condition, scale), want, count in zip(self.deferred, wanted, counts):
+            n = self.records[j]["logp"].shape[2] // R - later.shape[1]  # the step's committed tokens come first
+            drawn[j] = torch.cat([torch.ones(B, n, dtype=torch.bool, device=want.device), want], 1)
+            if count:
+                rows = torch.nonzero_static(want.reshape(-1), size=count).squeeze(1)  # image-major b * Q + q
+                self._draw_seeds(j, later, condition, scale, rows, n)
+        parts = []
+        for j in range(self.plan.num_mask_steps):
+            positions = self.records[j]["logp"].shape[2] // max(R, 1)
+            parts.append(drawn.get(j, torch.ones(B, positions, dtype=torch.bool, device=self.device)).repeat(1, R))
+        return torch.cat(parts, 1) if parts else torch.zeros(B, 0, dtype=torch.bool, device=self.device)
+
+    def _draw_seeds(self, j: int, later: torch.Tensor, condition: torch.Tensor, scale: float, rows: torch.Tensor, n: int) -> None:
+        """The K seed chains of recorded step j at the tokens `rows` of `later` [B, Q] (its positions
+        past the n committed ones), under the step's head condition and from the noise bank, as the
+        step would have drawn them; their records replace the stand-ins."""
+        config, K, C = self.config, self.config.num_seeds, self.canvas.shape[-1]
+        B, Q = later.shape
+        R = self.plan.num_diffusion_steps
+        bank = _gather_rows(self.noise_bank[:, :, :, 1:], later).reshape(B * Q, -1, K, C)[rows]
+        z_rows = condition[rows] if condition.shape[0] == B * Q else torch.cat([condition[rows], condition[B * Q + rows]])
+        out = multi_seed_denoise(
+            self.backbone.head,
+            z_rows,
+            self.sampler,
+            num_seeds=K - 1,  # the K seed trajectories, the first in the main chain's place
+            cfg=guidance_for(config, scale),
+            record_steps=self.plan.diffusion_steps[j],
+            temperature=config.temperature,
+            noise=bank.permute(1, 2, 0, 3),
+            cuda_graph=config.cuda_graph,
+        )
+        P = n + Q
+        image, column = rows // Q, rows % Q + n  # a transition's column in the step's part of L: r * P + p
+        columns = torch.arange(R, device=rows.device)[:, None] * P + column[None]
+        for name in RECORDED:
+            self.records[j][name][1:, image[None], columns] = getattr(out, name).to(self.dtype)

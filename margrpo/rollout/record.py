@@ -87,6 +87,11 @@ class Rollout:
                                                grpo.likelihood_std recorded_main uses it, as the
                                                reference code does). Trajectory 0 only: nothing
                                                reads the seeds' sampling-time std.
+      seed_recorded      bool  [B, L]          generate(seed_selection=...) only (else None: every
+                                               entry drawn): True where the seed trajectories'
+                                               entries were drawn (the tokens committed at the step
+                                               and those the selection chose); elsewhere they hold
+                                               trajectory 0's record as a stand-in
     Predicted clean latents for consistency-aware selection ("unknown" mode, unless generate() was told
     that no consistency test reads them; None in "revealed" mode, where every transition belongs to a
     token committed at its step, which the selection keeps):
@@ -138,6 +143,7 @@ class Rollout:
     config: RolloutConfig
     sampler: Any
     sampled_std: torch.Tensor | None = None
+    seed_recorded: torch.Tensor | None = None
     old_logp: torch.Tensor | None = None
     old_mean: torch.Tensor | None = None
     ref_logp: torch.Tensor | None = None

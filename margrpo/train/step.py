@@ -21,6 +21,7 @@ import torch
 
 from margrpo.grpo import advantages as adv_mod
 from margrpo.grpo import update
+from margrpo.grpo.selection import mte_tokens
 from margrpo.rollout import choose_plan, generate, mask_schedule, mirror_pairs, sample_seed, shared_seed
 
 from . import lora as lora_utils
@@ -159,6 +160,8 @@ def step_rollout(t: Trainer, step: int):
     if g.group_noise == "antithetic":
         mirror = mirror_pairs(len(slots), g.group_size)
     t.policy.eval()
+    # under MTE the seed chains past a recorded step's committed tokens run for the MTE tokens alone
+    defer = g.estimator == "transition" and not t.config.rollout.seed_selection_conflicts()
     return prompts, generate(
         t.policy,
         prompts,
@@ -169,6 +172,7 @@ def step_rollout(t: Trainer, step: int):
         shared_seeds=shared,
         mirror=mirror,
         consistency_predictions=g.consistency,
+        seed_selection=mte_tokens(g) if defer else None,
     )
 
 
