@@ -147,8 +147,8 @@ def test_update_gradient_is_the_full_batch_loss_gradient(tiny, switches):
 def test_only_the_trajectories_the_loss_reads_are_scored(tiny, monkeypatch):
     """The KL reads trajectory 0 (objective.chunk_loss), so the ref policy's likelihood scores that one
     alone while the policy scores all K + 1 under MTE (the seeds at the MTE positions only: the test
-    below), and trajectory 0 alone without it (the
-    numbers: the full-batch gradient test above, with and without MTE, the KL on)."""
+    below), and trajectory 0 alone without it (the numbers: the full-batch gradient test above, with
+    and without MTE, the KL on)."""
     import importlib
 
     policy_update = importlib.import_module("margrpo.grpo.policy_update")

@@ -44,8 +44,9 @@ from margrpo.models.base import check_backbone
 
 from .commit_chains import CommitChains
 from .config import RolloutConfig
-from .guidance import forward_rows, guidance_for, head_condition, prompt_rows
+from .guidance import condition_at, forward_rows, guidance_for, head_condition, prompt_rows
 from .plan import RecordPlan, choose_plan, stochastic_steps
+from .likelihood import true_indices
 from .post_step import score_transitions
 from .record import RECORDED, Rollout
 from .schedule import effective_steps, mask_schedule
@@ -446,13 +447,12 @@ class _Generation:
             got = f"{selected.dtype} {tuple(selected.shape)}" if isinstance(selected, torch.Tensor) else type(selected).__name__
             raise ValueError(f"seed_selection: returned {got}, expected bool {tuple(self.known.shape)} (B, N)")
         wanted = [selected.gather(1, later) for _, later, _, _ in self.deferred]  # [B, Q] per deferred step
-        counts = torch.stack([w.sum() for w in wanted]).tolist() if wanted else []  # one host read for all
+        chosen = true_indices([want.reshape(-1) for want in wanted])  # image-major rows b * Q + q
         drawn = {}
-        for (j, later, condition, scale), want, count in zip(self.deferred, wanted, counts):
+        for (j, later, condition, scale), want, rows in zip(self.deferred, wanted, chosen):
             n = self.records[j]["logp"].shape[2] // R - later.shape[1]  # the step's committed tokens come first
             drawn[j] = torch.cat([torch.ones(B, n, dtype=torch.bool, device=want.device), want], 1)
-            if count:
-                rows = torch.nonzero_static(want.reshape(-1), size=count).squeeze(1)  # image-major b * Q + q
+            if rows.numel():
                 self._draw_seeds(j, later, condition, scale, rows, n)
         parts = []
         for j in range(self.plan.num_mask_steps):
@@ -468,10 +468,9 @@ class _Generation:
         B, Q = later.shape
         R = self.plan.num_diffusion_steps
         bank = _gather_rows(self.noise_bank[:, :, :, 1:], later).reshape(B * Q, -1, K, C)[rows]
-        z_rows = condition[rows] if condition.shape[0] == B * Q else torch.cat([condition[rows], condition[B * Q + rows]])
         out = multi_seed_denoise(
             self.backbone.head,
-            z_rows,
+            condition_at(condition, rows, B * Q),
             self.sampler,
             num_seeds=K - 1,  # the K seed trajectories, the first in the main chain's place
             cfg=guidance_for(config, scale),

@@ -53,6 +53,14 @@ def head_condition(z: torch.Tensor, rows: PromptRows, positions: torch.Tensor) -
     return torch.cat([half.gather(1, index).reshape(B * P, z.shape[-1]) for half in z.chunk(rows.rows_per_image)])
 
 
+def condition_at(condition: torch.Tensor, tokens: torch.Tensor, count: int) -> torch.Tensor:
+    """head_condition's rows for `count` tokens ([count, Dz], or [2 * count, Dz] = [cond; uncond]) at
+    token indices `tokens` [n] -> [n, Dz] (or [2n, Dz], still [cond; uncond])."""
+    if condition.shape[0] == count:
+        return condition[tokens]
+    return torch.cat([condition[tokens], condition[count + tokens]])
+
+
 def guidance_for(config: RolloutConfig, scale: float, guided: bool | None = None):
     """The head's guidance setting for one mask step (None when unguided)."""
     guided = config.uses_cfg if guided is None else guided

@@ -22,7 +22,7 @@ import torch
 from margrpo.heads import transitions_logprob
 from margrpo.models.base import check_backbone
 
-from .guidance import forward_rows, guidance_for, head_condition, prompt_rows
+from .guidance import condition_at, forward_rows, guidance_for, head_condition, prompt_rows
 from .record import Rollout
 
 LIKELIHOOD_CFG = ("rollout", "none")
@@ -42,13 +42,14 @@ class RolloutLikelihood:
     mask: torch.Tensor
 
 
-def _seed_rows(selected: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Per recorded step, the tokens (image-major rows b * P + p) with a selected transition, from
-    its selection bool [B, R, P]: one host read for every step together (the row counts)."""
-    tokens = [mask.any(1).reshape(-1) for mask in selected]
-    counts = torch.stack([t.sum() for t in tokens]).tolist()
-    flat = torch.nonzero_static(torch.cat(tokens), size=sum(counts)).squeeze(1)  # no second read
-    offsets = itertools.accumulate((t.numel() for t in tokens), initial=0)
+def true_indices(masks: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The indices where each 1-d bool mask is True, with one host read for all of them together
+    (their counts; torch.nonzero_static then needs no second read)."""
+    if not masks:
+        return []
+    counts = torch.stack([m.sum() for m in masks]).tolist()
+    flat = torch.nonzero_static(torch.cat(masks), size=sum(counts)).squeeze(1)
+    offsets = itertools.accumulate((m.numel() for m in masks), initial=0)
     return [rows - offset for rows, offset in zip(flat.split(counts), offsets)]
 
 
@@ -60,8 +61,7 @@ def _seeds_where_selected(score, z_rows, x_t, x_prev, selected, rows, recorded):
     logp, mean = score(z_rows, x_t=x_t[:1], x_prev=x_prev[:1])
     seed_logp, seed_mean = (values[1:].detach().to(like.dtype) for values, like in zip(recorded, (logp, mean)))
     if rows.numel():
-        N = B * P
-        z_seeds = z_rows[rows] if z_rows.shape[0] == N else torch.cat([z_rows[rows], z_rows[N + rows]])  # [cond; uncond]
+        z_seeds = condition_at(z_rows, rows, B * P)
 
         def seed_rows(values):  # [T, B, R, P, ...] -> the seeds' [K, R, n, ...] at the chosen tokens
             return values[1:].transpose(1, 2).flatten(2, 3)[:, :, rows]
@@ -116,7 +116,8 @@ def rollout_logprob(
     if seed_positions is not None and rollout.num_trajectories > 1 and steps:
         widths = [R * rollout.slots[j].count for j in steps]
         selections = [part.unflatten(1, (R, -1)) for part in seed_positions.split(widths, 1)]
-        seed_rows = _seed_rows(selections)
+        # per step, the tokens (image-major rows b * P + p) with a selected transition
+        seed_rows = true_indices([mask.any(1).reshape(-1) for mask in selections])
     logps, means, masks = [], [], []
     for i, j in enumerate(steps):
         canvas, known = rollout.canvas_known(j)
