@@ -484,6 +484,19 @@ def test_gpu_benchmark_runs_at_tiny_size(tmp_path):
     assert result["settings"]["preset"] == "nova-tiny" and "speedup vs reference" in module.format_table(result)
 
 
+def test_gpu_benchmark_step_only_reports_paired_rounds(tmp_path):
+    """--step-only times the GRPO step alone; the speedup is the median of the rounds' paired ratios."""
+    module = load_script("benchmarks/gpu/nova.py", "nova_gpu_bench")
+    result = module.run(tmp_path, tiny=True, time_rollout=False, repeats=3)
+    assert [(r["what"], r["path"]) for r in result["rows"]] == [("grpo_step", "fused"), ("grpo_step", "reference")]
+    times = {r["path"]: r["rounds_ms"] for r in result["rows"]}
+    rounds = result["speedup_rounds"]["grpo_step"]
+    assert rounds["per_round"] == pytest.approx([ref / fused for ref, fused in zip(times["reference"], times["fused"])])
+    assert len(rounds["per_round"]) == 3 and sorted(map(sorted, rounds["order"])) == [["fused", "reference"]] * 3
+    assert result["speedup"] == {"grpo_step": pytest.approx(sorted(rounds["per_round"])[1])}
+    assert rounds["p20"] <= rounds["p50"] <= rounds["p80"]
+
+
 def test_gpu_benchmark_grpo_step_under_cuda_bf16_autocast(tmp_path):
     """bench_nova as on the GPU: bf16 weights, the trainer's GRPO step under bf16 autocast (optim.bf16),
     with CUDA's autocast rules (float32 LayerNorm outputs: the spatial encoder's scatter met a float32

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from margrpo.bench.machine import machine_description
-from margrpo.bench.timing import median_ms, synchronize
+from margrpo.bench.timing import interleave, synchronize
 from margrpo.grpo.advantages import group_advantages
 from margrpo.heads.upstream import eager_denoise_logprob, eager_multi_seed_denoise
 from margrpo.rollout import RolloutConfig, choose_plan, effective_steps, generate, mask_schedule
@@ -59,7 +59,8 @@ class NovaBenchSettings:
     record_mask_steps: int = 12
     record_diffusion_steps: int = 10
     warmup_mask_steps: int = 8
-    repeats: int = 1  # interleaved timed rounds per path (median)
+    repeats: int = 1  # interleaved timed rounds per path (median; the step's paired ratio per round)
+    time_rollout: bool = True  # also time the rollout alone (False: the GRPO step only)
     bf16: bool | None = None  # the trainer's optim.bf16 (autocast); None: on CUDA only
 
     @classmethod
@@ -272,6 +273,7 @@ def bench_nova(device: torch.device | str, settings: NovaBenchSettings | None = 
     counts = mask_schedule(backbone.num_tokens, settings.mask_steps, "nova")
     config, short = settings.rollout_config(), settings.rollout_config(settings.warmup_mask_steps)
     rows: list[dict] = []
+    ratios: dict[str, dict] = {}  # reference / fused per round: p20, p50, p80 and the rounds' values
 
     def plan_for(cfg: RolloutConfig):
         steps = mask_schedule(backbone.num_tokens, cfg.num_mask_steps, "nova")
@@ -285,14 +287,41 @@ def bench_nova(device: torch.device | str, settings: NovaBenchSettings | None = 
         synchronize(device)
         print(f"[bench_nova] {what}: warm-up {time.perf_counter() - start:.1f} s", flush=True)
         peaks: dict[str, float] = {}
-        timed = median_ms({p: with_peak(fn, device, peaks, p) for p, fn in paths.items()}, device, settings.repeats, warmup=0)
-        for path, ms in timed.items():
+
+        def announced(path: str, fn):  # a line per timed call: a CPU round at the real sizes takes minutes
+            def call():
+                began = time.perf_counter()
+                out = fn()
+                print(f"[bench_nova] {what} {path}: {time.perf_counter() - began:.1f} s", flush=True)
+                return out
+
+            return call
+
+        timed = interleave(
+            {p: announced(p, with_peak(fn, device, peaks, p)) for p, fn in paths.items()},
+            device,
+            min_time_s=0.0,
+            warmup=0,
+            min_rounds=settings.repeats,
+            max_rounds=settings.repeats,
+        )
+        ratio = timed.ratio("reference", "fused")
+        ratios[what] = {
+            "p20": ratio.p20,
+            "p50": ratio.p50,
+            "p80": ratio.p80,
+            "per_round": timed.ratio_samples("reference", "fused"),
+            "order": timed.order,
+        }
+        for path in paths:
+            ms = timed.stats(path).p50
             rows.append(
                 {
                     "what": what,
                     "path": path,
                     "images": settings.batch,
                     "ms": ms,
+                    "rounds_ms": timed.times[path],
                     "images_per_s": settings.batch / (ms / 1e3),
                     "peak_gib": peaks[path],
                 }
@@ -303,17 +332,18 @@ def bench_nova(device: torch.device | str, settings: NovaBenchSettings | None = 
 
     generator = torch.Generator(device=device).manual_seed(seed)
     plan, short_plan = plan_for(config), plan_for(short)
-    compare(
-        "rollout",
-        {
-            "fused": lambda: generate(backbone, prompts, config, seeds, sampler=sampler, plan=plan),
-            "reference": lambda: nova_reference_rollout(backbone, prompts, config, sampler, plan, generator),
-        },
-        {
-            "fused": lambda: generate(backbone, prompts, short, seeds, sampler=sampler, plan=short_plan),
-            "reference": lambda: nova_reference_rollout(backbone, prompts, short, sampler, short_plan, generator),
-        },
-    )
+    if settings.time_rollout:
+        compare(
+            "rollout",
+            {
+                "fused": lambda: generate(backbone, prompts, config, seeds, sampler=sampler, plan=plan),
+                "reference": lambda: nova_reference_rollout(backbone, prompts, config, sampler, plan, generator),
+            },
+            {
+                "fused": lambda: generate(backbone, prompts, short, seeds, sampler=sampler, plan=short_plan),
+                "reference": lambda: nova_reference_rollout(backbone, prompts, short, sampler, short_plan, generator),
+            },
+        )
 
     with tempfile.TemporaryDirectory() as workdir:
         trainer = _nova_trainer(backbone, settings, device, Path(workdir))
@@ -353,10 +383,6 @@ def bench_nova(device: torch.device | str, settings: NovaBenchSettings | None = 
             {"fused": warm_trainer, "reference": lambda: reference_step(short, short_plan)},
         )
 
-    def speedup(what: str) -> float:
-        times = {r["path"]: r["ms"] for r in rows if r["what"] == what}
-        return times["reference"] / times["fused"]
-
     return {
         "machine": machine_description(device),
         "settings": {
@@ -366,5 +392,7 @@ def bench_nova(device: torch.device | str, settings: NovaBenchSettings | None = 
             "arch": list(backbone.config.arch),
         },
         "rows": rows,
-        "speedup": {"rollout": speedup("rollout"), "grpo_step": speedup("grpo_step")},
+        # reference / fused: the median of the per-round paired ratios
+        "speedup": {what: ratio["p50"] for what, ratio in ratios.items()},
+        "speedup_rounds": ratios,
     }

@@ -73,9 +73,13 @@ class Interleaved:
     def stats(self, name: str) -> Stats:
         return stats(self.times[name])
 
+    def ratio_samples(self, base: str, name: str) -> list[float]:
+        """base / name of every round (> 1: `name` is faster than `base`)."""
+        return [b / t if t > 0 else float("inf") for b, t in zip(self.times[base], self.times[name])]
+
     def ratio(self, base: str, name: str) -> Stats:
         """Percentiles of base / name taken round by round (> 1: `name` is faster than `base`)."""
-        return stats([b / t if t > 0 else float("inf") for b, t in zip(self.times[base], self.times[name])])
+        return stats(self.ratio_samples(base, name))
 
 
 def _call_ms(timed: Timed, device: torch.device, clock: Callable[[], float] | None = None) -> float:
