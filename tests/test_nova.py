@@ -511,3 +511,18 @@ def test_gpu_benchmark_grpo_step_under_cuda_bf16_autocast(tmp_path):
         result = bench_nova("cpu", settings, on_row=rows.append)
     assert [(r["what"], r["path"]) for r in rows] == [(w, p) for w in ("rollout", "grpo_step") for p in ("fused", "reference")]
     assert rows == result["rows"] and all(r["ms"] > 0 for r in rows)
+
+
+def test_step_launch_counts_split_the_step_and_see_the_reference_loops(tmp_path):
+    """benchmarks/nova_step_launches.py: the rollout's counts are part of the step's, the update's are
+    the rest, and the reference-style rollout (one eager chain per trajectory over all N tokens)
+    issues more launches than the fused one (all trajectories of a token in one batched pass)."""
+    module = load_script("benchmarks/nova_step_launches.py", "nova_step_launches")
+    report = module.count_step(mask_steps=4, record_mask_steps=2, group_size=2)
+    for path in ("fused", "reference"):
+        counts = report[path]
+        for kind in ("launches", "syncs", "host_to_device"):
+            assert counts["step"][kind] == counts["rollout"][kind] + counts["update"][kind]
+        assert counts["rollout"]["launches"] > 0 and counts["update"]["launches"] > 0
+    assert report["reference"]["rollout"]["launches"] > report["fused"]["rollout"]["launches"]
+    assert "reference / fused launches, step" in module.format_table(report)

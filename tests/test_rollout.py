@@ -641,6 +641,24 @@ def test_the_nova_flop_model_counts_the_head_work_that_generate_does(backbone, s
             assert (tokens, chains) == (len(PROMPTS) * per_image[0], len(PROMPTS) * per_image[1]), share
 
 
+def test_the_nova_flop_model_defers_seed_chains_only_where_the_benchmark_does(monkeypatch):
+    """The benchmark's fused step runs the reference code's algorithm, whose random MTE position is
+    drawn in the update: its rollout draws every seed chain, and the FLOP model must count them all
+    (it counted the NOVA preset's deferred chains before); where the trainer would defer, fewer."""
+    from margrpo.bench import nova_flops
+
+    recipe = nova_flops.Recipe(images=2, mask_steps=8, record_mask_steps=2, diffusion_steps=4, record_diffusion_steps=2)
+    assert nova_flops.bench_defers_seed_chains(recipe) is False
+    u = nova_flops.units("nova-tiny", dtype="float32")
+    bench = nova_flops.step_flops(u, recipe)
+    monkeypatch.setattr(nova_flops, "bench_defers_seed_chains", lambda r: True)
+    deferring = nova_flops.step_flops(u, recipe)
+    assert not bench["counts"]["seed_chains_deferred"] and deferring["counts"]["seed_chains_deferred"]
+    assert deferring["counts"]["fused_rollout_chains_per_image"] < bench["counts"]["fused_rollout_chains_per_image"]
+    assert deferring["fused"]["rollout head"] < bench["fused"]["rollout head"]
+    assert deferring["reference"] == bench["reference"]
+
+
 # ---------------------------------------------------------------- plans and bad input
 def test_plan_never_picks_deterministic_or_empty_steps(sampler):
     counts = schedule.nova_schedule(12, 6)

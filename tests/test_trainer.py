@@ -462,3 +462,26 @@ def test_ablate_positions_replace_the_rungs_own(tmp_path, monkeypatch):
     overrides = built[0]
     assert overrides.index("rollout.likelihood_positions=unknown") > overrides.index("rollout.likelihood_positions=revealed")
     assert overrides[0] == "run.steps=2" and "run.seed=3" in overrides
+
+
+@pytest.mark.parametrize(
+    "preset, deferred",
+    [("nova-512", True), ("harmon-1.5b", True), ("nova-512-parity", False), ("harmon-1.5b-parity", False)],
+)
+def test_training_rollouts_defer_seed_chains_where_the_update_knows_its_mte_tokens(preset, deferred):
+    """The NOVA and Harmon presets draw a recorded step's seed chains past its committed tokens for
+    the MTE tokens only; the parity presets draw a random MTE position in the update, after the
+    rollout, so they draw them all. The selection handed to generate is the update's MTE tokens."""
+    from margrpo.grpo.selection import mte_mask
+    from margrpo.train.step import deferred_seed_selection
+
+    config = load_config(Path(__file__).parent.parent / "configs" / f"{preset}.yaml")
+    select = deferred_seed_selection(config)
+    assert (select is not None) is deferred
+    for override in ("grpo.mte=false", "grpo.estimator=matching", "rollout.seed_chains=commit"):
+        assert deferred_seed_selection(load_config(Path(__file__).parent.parent / "configs" / f"{preset}.yaml", [override])) is None
+    if deferred:
+        seeds = torch.randn(3, 2, 16, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+        g = config.grpo
+        expected = mte_mask(seeds, g.mte_ratio, g.pixels_per_token, k_rule=g.mte_k).any(-1)
+        assert torch.equal(select(seeds), expected) and 0 < int(expected.sum()) < expected.numel()

@@ -212,19 +212,26 @@ def nova_reference_grpo_step(
 def _nova_trainer(backbone, settings: NovaBenchSettings, device: torch.device, workdir: Path):
     """The shared trainer driving `backbone` (the in-memory random-init model stands in for a
     checkpoint directory), configured with the reference code's algorithm (the parity preset)."""
-    from margrpo.train.config import load_config
     from margrpo.train.trainer import Trainer
 
-    bf16 = device.type == "cuda" if settings.bf16 is None else settings.bf16
     prompt_file = workdir / "prompts.txt"
     prompt_file.write_text("\n".join(NOVA_PROMPTS) + "\n")
+    return Trainer(nova_bench_config(settings, device, workdir), create_run_dir=False, policy=backbone)
+
+
+def nova_bench_config(settings: NovaBenchSettings, device: torch.device, workdir: Path):
+    """The fused path's TrainerConfig: the settings' rollout with the reference code's algorithm (the
+    parity preset's), run in `workdir` (its prompts.txt: the train prompts)."""
+    from margrpo.train.config import load_config
+
+    bf16 = device.type == "cuda" if settings.bf16 is None else settings.bf16
     r = settings.rollout_config()
     overrides = [
         "backbone.name=nova",
         f"backbone.diffusion_steps={settings.diffusion_steps}",
         f"run.device={device}",
         f"run.out_dir={workdir / 'run'}",
-        f"run.train_prompts={prompt_file}",
+        f"run.train_prompts={workdir / 'prompts.txt'}",
         "run.tensorboard=false",
         f"rollout.num_mask_steps={r.num_mask_steps}",
         "rollout.schedule=nova",
@@ -254,7 +261,7 @@ def _nova_trainer(backbone, settings: NovaBenchSettings, device: torch.device, w
         f"optim.bf16={str(bf16).lower()}",
         "optim.lr=1e-6",
     ]
-    return Trainer(load_config(None, overrides), create_run_dir=False, policy=backbone)
+    return load_config(None, overrides)
 
 
 def bench_nova(device: torch.device | str, settings: NovaBenchSettings | None = None, seed: int = 0, on_row=None) -> dict:

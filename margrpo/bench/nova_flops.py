@@ -15,8 +15,10 @@ recorded step, the reference code's algorithm), how often each unit runs on each
              halves x T steps, the official forward each; the likelihood, the KL reference and the
              backward evaluate all N tokens x (K + 1) x R per recorded step
   fused      the head denoises only the tokens a step needs (its revealed ones; every unknown one at a
-             recorded step, the seed chains past its revealed ones only for the MTE tokens, and, main
-             chain only past its revealed ones, at the step before it: consistency), the modulation
+             recorded step, and, main chain only past its revealed ones, at the step before it:
+             consistency; the seed chains past a recorded step's revealed ones only for the MTE tokens
+             where the trainer defers them, which the benchmark's algorithm, drawing a random MTE
+             position in the update, does not: bench_defers_seed_chains), the modulation
              once per token, step and half; the likelihood and the KL reference evaluate the unknown
              positions only, the likelihood the K seeds at the MTE tokens only, the KL reference
              trajectory 0 alone (all each term reads)
@@ -133,6 +135,27 @@ def fused_rollout_head_work(
     return tokens, chains
 
 
+def bench_defers_seed_chains(r: Recipe) -> bool:
+    """Whether the benchmark's fused step (margrpo.bench.models.bench_nova: the trainer with the
+    reference code's algorithm) defers the seed chains past a recorded step's committed tokens: the
+    trainer's own rule (train.step.deferred_seed_selection) on the benchmark's config."""
+    from pathlib import Path
+
+    from margrpo.bench.models import NovaBenchSettings, nova_bench_config
+    from margrpo.train.step import deferred_seed_selection
+
+    settings = NovaBenchSettings(
+        prompts=1,
+        group_size=r.images,
+        mask_steps=r.mask_steps,
+        diffusion_steps=r.diffusion_steps,
+        num_seeds=r.num_seeds,
+        record_mask_steps=r.record_mask_steps,
+        record_diffusion_steps=r.record_diffusion_steps,
+    )
+    return deferred_seed_selection(nova_bench_config(settings, torch.device("cpu"), Path("."))) is not None
+
+
 def step_flops(u: dict[str, float], r: Recipe) -> dict[str, dict[str, float]]:
     """Per phase FLOPs of one step on each path (the reference's structure, module docstring)."""
     from margrpo.diffusion import DDPMSampler
@@ -145,7 +168,8 @@ def step_flops(u: dict[str, float], r: Recipe) -> dict[str, dict[str, float]]:
     M = min(M, len(steps))
     plan = choose_plan(counts, sampler, M, R, torch.Generator().manual_seed(r.seed))
     recorded = set(plan.mask_steps)
-    fused_rows, fused_chains = fused_rollout_head_work(counts, recorded, K1, r.mte_ratio)
+    seed_share = r.mte_ratio if bench_defers_seed_chains(r) else None
+    fused_rows, fused_chains = fused_rollout_head_work(counts, recorded, K1, seed_share)
     starts = {s: sum(counts[:s]) for s in steps}
     unknown = sum(N - starts[s] for s in recorded)  # likelihood positions over the recorded steps (per image)
     den, mod, off = u["head_denoise_row_step"], u["head_modulation_token_step"], u["head_official_row_step"]
@@ -181,6 +205,7 @@ def step_flops(u: dict[str, float], r: Recipe) -> dict[str, dict[str, float]]:
             "fused_rollout_tokens_per_image": fused_rows,
             "fused_rollout_chains_per_image": fused_chains,
             "likelihood_positions_per_image": unknown,
+            "seed_chains_deferred": seed_share is not None,
         },
     }
 

@@ -15,6 +15,7 @@ import math
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -27,6 +28,7 @@ from margrpo.rollout import choose_plan, generate, mask_schedule, mirror_pairs, 
 from . import lora as lora_utils
 
 if TYPE_CHECKING:
+    from .config import TrainerConfig
     from .trainer import Trainer
 
 
@@ -160,8 +162,6 @@ def step_rollout(t: Trainer, step: int):
     if g.group_noise == "antithetic":
         mirror = mirror_pairs(len(slots), g.group_size)
     t.policy.eval()
-    # under MTE the seed chains past a recorded step's committed tokens run for the MTE tokens alone
-    defer = g.estimator == "transition" and not t.config.rollout.seed_selection_conflicts()
     return prompts, generate(
         t.policy,
         prompts,
@@ -172,8 +172,17 @@ def step_rollout(t: Trainer, step: int):
         shared_seeds=shared,
         mirror=mirror,
         consistency_predictions=g.consistency,
-        seed_selection=mte_tokens(g) if defer else None,
+        seed_selection=deferred_seed_selection(t.config),
     )
+
+
+def deferred_seed_selection(config: TrainerConfig) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """generate's seed_selection for a training rollout: under MTE the seed chains past a recorded
+    step's committed tokens run for the MTE tokens alone. None where they cannot be deferred (MTE off or
+    with random positions, another estimator, or rollout settings that draw no such chains)."""
+    if config.grpo.estimator != "transition" or config.rollout.seed_selection_conflicts():
+        return None
+    return mte_tokens(config.grpo)
 
 
 def record_plan(t: Trainer, step: int):
