@@ -478,9 +478,9 @@ def test_training_rollouts_defer_seed_chains_where_the_update_knows_its_mte_toke
     config = load_config(Path(__file__).parent.parent / "configs" / f"{preset}.yaml")
     select = deferred_seed_selection(config)
     assert (select is not None) is deferred
-    for override in ("grpo.mte=false", "grpo.estimator=matching", "rollout.seed_chains=commit"):
-        assert deferred_seed_selection(load_config(Path(__file__).parent.parent / "configs" / f"{preset}.yaml", [override])) is None
-    if deferred:
+    if deferred:  # each of these switches turns it off
+        for override in ("grpo.mte=false", "rollout.seed_chains=commit", "grpo.estimator=matching", "grpo.mte_random_positions=1"):
+            assert deferred_seed_selection(load_config(Path(__file__).parent.parent / "configs" / f"{preset}.yaml", [override])) is None
         seeds = torch.randn(3, 2, 16, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
         g = config.grpo
         expected = mte_mask(seeds, g.mte_ratio, g.pixels_per_token, k_rule=g.mte_k).any(-1)
