@@ -79,19 +79,7 @@ def count_step(
             optimizer = torch.optim.AdamW(trainer.policy.trainable_parameters(), lr=1e-6)
             steps = {
                 "fused": trainer.train_step,
-                "reference": lambda: models.nova_reference_grpo_step(
-                    trainer.policy,
-                    trainer.ref_policy,
-                    optimizer,
-                    prompts,
-                    config,
-                    sampler,
-                    plan,
-                    trainer.reward,
-                    settings.group_size,
-                    0.01,
-                    generator,
-                ),
+                "reference": lambda: models.trainer_reference_step(trainer, optimizer, prompts, config, sampler, plan, generator),
             }
             totals = {}
             for _ in range(2):

@@ -400,6 +400,14 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_grpo_update.py",),
     ),
     Mutant(
+        "training_rollouts_defer_under_the_matching_estimator",
+        "margrpo/train/step.py::deferred_seed_selection",
+        'if config.grpo.estimator != "transition" or config.rollout.seed_selection_conflicts():',
+        "if config.rollout.seed_selection_conflicts():",
+        "the rollout defers seed chains under the matching estimator, whose loss reads other seed values",
+        ("tests/test_trainer.py",),
+    ),
+    Mutant(
         "mte_tokens_ignore_the_k_rule",
         f"{GRPO}/selection.py::mte_tokens",
         "k_rule=config.mte_k).any(-1)",

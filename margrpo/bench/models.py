@@ -209,6 +209,25 @@ def nova_reference_grpo_step(
     nova_reference_update(policy, reference, optimizer, prompts, records, sampler, rewards, group_size, kl_beta)
 
 
+def trainer_reference_step(trainer, optimizer, prompts: list[str], config: RolloutConfig, sampler, plan, generator, reward=None) -> None:
+    """nova_reference_grpo_step on the trainer's policy and KL reference, with its reward (or
+    `reward`), group size and KL weight: the reference-style step beside the trainer's fused one."""
+    g = trainer.config.grpo
+    nova_reference_grpo_step(
+        trainer.policy,
+        trainer.ref_policy,
+        optimizer,
+        prompts,
+        config,
+        sampler,
+        plan,
+        reward or trainer.reward,
+        g.group_size,
+        g.kl_beta,
+        generator,
+    )
+
+
 def _nova_trainer(backbone, settings: NovaBenchSettings, device: torch.device, workdir: Path):
     """The shared trainer driving `backbone` (the in-memory random-init model stands in for a
     checkpoint directory), configured with the reference code's algorithm (the parity preset)."""
@@ -370,19 +389,7 @@ def bench_nova(device: torch.device | str, settings: NovaBenchSettings | None = 
                 trainer.config = full_config
 
         def reference_step(cfg: RolloutConfig, step_plan) -> None:
-            nova_reference_grpo_step(
-                trainer.policy,
-                trainer.ref_policy,
-                optimizer,
-                prompts,
-                cfg,
-                sampler,
-                step_plan,
-                trainer.reward,
-                settings.group_size,
-                0.01,
-                generator,
-            )
+            trainer_reference_step(trainer, optimizer, prompts, cfg, sampler, step_plan, generator)
 
         compare(
             "grpo_step",

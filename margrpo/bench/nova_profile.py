@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(1)
 
     from margrpo.bench.machine import header, machine_description
-    from margrpo.bench.models import NOVA_PROMPTS, NovaBenchSettings, _nova_trainer, nova_reference_grpo_step
+    from margrpo.bench.models import NOVA_PROMPTS, NovaBenchSettings, _nova_trainer, trainer_reference_step
     from margrpo.models import nova
     from margrpo.rollout import choose_plan, effective_steps, mask_schedule
 
@@ -344,19 +344,7 @@ def main(argv: list[str] | None = None) -> int:
 
                 with instrumented(clock, trainer.policy, trainer.ref_policy, optimizer=optimizer):
                     totals = profile_step(
-                        lambda: nova_reference_grpo_step(
-                            trainer.policy,
-                            trainer.ref_policy,
-                            optimizer,
-                            prompts,
-                            config,
-                            sampler,
-                            plan,
-                            reward,
-                            settings.group_size,
-                            0.01,
-                            generator,
-                        ),
+                        lambda: trainer_reference_step(trainer, optimizer, prompts, config, sampler, plan, generator, reward),
                         clock,
                     )
             else:
