@@ -90,14 +90,17 @@ def count_step(
     finally:
         for module, name, original, _ in originals:
             setattr(module, name, original)
-    report = {
+    from margrpo.bench.machine import machine_description
+
+    report: dict = {
+        "machine": machine_description(device),
         "settings": {
             "preset": preset,
             "mask_steps": mask_steps,
             "record_mask_steps": record_mask_steps,
             "group_size": group_size,
             "diffusion_steps": diffusion_steps,
-        }
+        },
     }
     for path, total in totals.items():
         rollout = rollouts[path]

@@ -221,7 +221,7 @@ def trainer_reference_step(trainer, optimizer, prompts: list[str], config: Rollo
         config,
         sampler,
         plan,
-        reward or trainer.reward,
+        trainer.reward if reward is None else reward,
         g.group_size,
         g.kl_beta,
         generator,
