@@ -69,6 +69,14 @@ _DECIMAL = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
 def _type_name(tp) -> str:
+    """An annotation in the words of a config error."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(option) for option in typing.get_args(tp) if option is not type(None))
+    if origin is typing.Literal:
+        return " or ".join(repr(value) for value in typing.get_args(tp))
+    if tp is bool:
+        return "true or false"
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 

@@ -408,6 +408,22 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_trainer.py",),
     ),
     Mutant(
+        "compiled_head_recompiles_per_token_count",
+        "margrpo/heads/compiled.py::compiled_step_output",
+        "    torch._dynamo.maybe_mark_dynamic(x, x.dim() - 2)\n",
+        "",
+        "the compiled head output is compiled again for the second token count of a rollout",
+        ("tests/test_compile_head.py",),
+    ),
+    Mutant(
+        "compile_head_auto_compiles_on_cpu",
+        "margrpo/rollout/config.py::RolloutConfig.compiles_head",
+        'return torch.device(device).type == "cuda" and not self.cuda_graph',
+        "return not self.cuda_graph",
+        "rollout.compile_head auto compiles on a CPU too (minutes of compiling in a short CPU run)",
+        ("tests/test_compile_head.py",),
+    ),
+    Mutant(
         "mte_tokens_ignore_the_k_rule",
         f"{GRPO}/selection.py::mte_tokens",
         "k_rule=config.mte_k).any(-1)",

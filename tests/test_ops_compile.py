@@ -115,3 +115,23 @@ def test_inductor_fullgraph_matches_eager(gen):
     torch._dynamo.reset()
     with ops.use_backend("torch"):
         assert_compiled_matches_eager(torch.compile(pipeline, fullgraph=True), gen)
+
+
+def test_dynamic_shapes_compile_one_graph_for_every_size(gen):
+    """Under dynamic shapes an op's input size is symbolic while Dynamo traces; the backend choice
+    must not need its value (a symbolic size handed to the constant-result backend pick broke the
+    graph), so one graph serves every size and matches eager."""
+    from torch._dynamo.utils import counters
+
+    def logprob_and_spread(x, mean, samples):
+        return ops.gaussian_logprob(x, mean, 0.7), ops.trajectory_std(samples)
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(logprob_and_spread, fullgraph=True, dynamic=True, backend="aot_eager")
+    for n in (5, 9, 16):
+        x, mean, samples = randn(gen, 2, n, 4), randn(gen, 2, n, 4), randn(gen, 3, 2, n, 4)
+        for got, want in zip(compiled(x, mean, samples), logprob_and_spread(x, mean, samples)):
+            assert_close(got, want, torch.float64)
+    assert counters["stats"]["unique_graphs"] == 1
+    torch._dynamo.reset()

@@ -27,10 +27,13 @@
 #   step    110 s limit, ~106 s   one GRPO step fused vs reference of NOVA-0.6B (50 s; ~48) then
 #                                 Harmon-1.5B (60 s; ~58), real backbones at 16 mask steps, 3 trained
 #   rollout  32 s limit, ~29 s    Harmon and NOVA heads, fused / per-seed / reference, 8 mask steps
-#   denoise  27 s limit, ~25 s    the Harmon mar_h head: fused, eager, torch.compile (NOVA's heads: runs 1-2)
+#   denoise  27 s limit, ~25 s    the Harmon mar_h head: fused, eager, torch.compile, and the fused loop with
+#                                 each step's head output compiled (rollout.compile_head, the CUDA default;
+#                                 NOVA's heads: runs 1-2 and the compile phase)
 #   compile  30 s limit (not yet run on a GPU)  margrpo.bench.head_compile: graph breaks of the fused and
 #                                 the eager loop, then eager / eager+compile / fused / fused+compile
-#                                 (fullgraph) of NOVA-0.6B's head (N 64, T 25) and the tiny head,
+#                                 (fullgraph) / fused+compile_head (the rollout's default on CUDA) of
+#                                 NOVA-0.6B's head (N 64, T 25) and the tiny head,
 #                                 interleaved (OUT/compile.json)
 #   profile  40 s limit (not yet run on a GPU)  margrpo.bench.nova_profile: one fused NOVA-0.6B GRPO step
 #                                 (16 mask steps, 3 recorded, 4 images, bf16) split by phase: time,

@@ -8,6 +8,8 @@ main trajectory and K seed trajectories for `tokens` tokens over `steps` diffusi
            modulation is recomputed inside every call (how the public reference code samples)
   compile  torch.compile of a restructured reference: every trajectory and CFG half batched into one
            official head call per step (z repeated K+1 times, modulation recomputed per copy)
+  fused+compile_head  the fused path with each step's head output compiled (multi_seed_denoise(...,
+           compiled=True): what a rollout runs under rollout.compile_head, the default on CUDA)
 Random weights at the real sizes (speed does not depend on the values). Time: p20 / p50 / p80 and
 min of `repeats` rounds after one warm-up, the methods interleaved in each round in a shuffled order
 (margrpo.bench.timing; perf_counter on CPU, CUDA events on CUDA); the speedup over eager is the
@@ -53,7 +55,7 @@ CASES: dict[str, Case] = {
     "nova-d3w1280": Case("nova", "d3w1280", 1024, 3, Guidance(5.0)),
     "harmon-mar_h": Case("harmon", "mar_h", 1280, 5, Guidance(3.0, channels="eps")),
 }
-METHODS = ("fused", "eager", "compile")
+METHODS = ("fused", "eager", "compile", "fused+compile_head")
 TOKEN_CHANNELS = 16
 
 
@@ -128,6 +130,7 @@ def methods(head: nn.Module, case: Case, sampler, z, noise, names: tuple[str, ..
     table: dict[str, Callable[[], torch.Tensor]] = {
         "fused": lambda: multi_seed_denoise(head, z, sampler, k, cfg=cfg, noise=noise).x0,
         "eager": lambda: eager_multi_seed_denoise(head, z, sampler, k, noise, cfg=cfg).x0,
+        "fused+compile_head": lambda: multi_seed_denoise(head, z, sampler, k, cfg=cfg, noise=noise, compiled=True).x0,
     }
     if "compile" in names:
         compiled = torch.compile(head.forward, dynamic=False)

@@ -6,12 +6,15 @@ Two parts, per case (a head size, K seed trajectories, CFG, T diffusion steps, N
   explain  torch._dynamo.explain of the whole T-step loop: the fused path (multi_seed_denoise: the
            run_chains loop, sampler steps, the margrpo custom ops) and the eager reference loop
            (margrpo.heads.upstream.eager_multi_seed_denoise): graphs, graph breaks and their reasons
-  time     four methods, interleaved round by round in a shuffled order (margrpo.bench.timing):
+  time     five methods, interleaved round by round in a shuffled order (margrpo.bench.timing):
              eager          the reference loop: one chain per trajectory, the official head forward
                             per (trajectory, step), modulation recomputed inside every call
              eager+compile  torch.compile of that whole reference loop (dynamic=False)
              fused          multi_seed_denoise: K + 1 chains batched, modulation once per (token, step)
              fused+compile  torch.compile(fullgraph=True) of multi_seed_denoise (no graph break allowed)
+             fused+compile_head  multi_seed_denoise(..., compiled=True): the loop eager, each step's
+                            head output one compiled graph (what a rollout runs under
+                            rollout.compile_head, the default on CUDA)
            p20 / p50 / p80 and min ms per call (compilation excluded: warm-up calls), the speedup over
            eager as the median [p20, p80] of the per-round paired ratios, and max |x0 - eager x0| /
            max |eager x0| of each method as a sanity check.
@@ -37,7 +40,7 @@ import torch
 from margrpo.bench.machine import JsonReport, header, split_choices
 from margrpo.bench.timing import interleave
 
-METHODS = ("eager", "eager+compile", "fused", "fused+compile")
+METHODS = ("eager", "eager+compile", "fused", "fused+compile", "fused+compile_head")
 CASES = ("nova", "tiny", "nova-flow")
 TIMED_CASES = ("nova", "tiny")
 _STARTED = time.perf_counter()
@@ -91,7 +94,14 @@ def method_table(s: Setup, names: tuple[str, ...]) -> dict[str, Callable[[], tor
     def fused(z, noise):
         return multi_seed_denoise(s.head, z, s.sampler, s.num_seeds, cfg=s.cfg, noise=noise, record_steps=s.record).x0
 
-    table: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {"eager": eager, "fused": fused}
+    def fused_compile_head(z, noise):
+        return multi_seed_denoise(s.head, z, s.sampler, s.num_seeds, cfg=s.cfg, noise=noise, record_steps=s.record, compiled=True).x0
+
+    table: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+        "eager": eager,
+        "fused": fused,
+        "fused+compile_head": fused_compile_head,
+    }
     if "eager+compile" in names:
         table["eager+compile"] = torch.compile(eager, dynamic=False)
     if "fused+compile" in names:

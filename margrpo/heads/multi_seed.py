@@ -18,6 +18,7 @@ import torch
 
 from . import layers
 from .cfg import Guidance
+from .compiled import compiled_step_output
 from .noise import resolve_noise
 
 
@@ -91,6 +92,12 @@ def guided_output(head, modulation: layers.Modulation, x: torch.Tensor, cfg: Gui
     return cfg.combine(out.select(-3, 0), out.select(-3, 1), head.in_channels)
 
 
+def step_output(head, cond: torch.Tensor, t: torch.Tensor, x: torch.Tensor, cfg: Guidance | None, backend: str | None = None):
+    """The head's (guided) output for x [K+1, N, C] at time t under the embedded condition `cond`
+    (head.embed_condition of the rows): one diffusion step's network work."""
+    return guided_output(head, head.modulation(cond, t), x, cfg, backend)
+
+
 def multi_seed_denoise(
     head,
     z: torch.Tensor,
@@ -104,6 +111,7 @@ def multi_seed_denoise(
     backend: str | None = None,
     cuda_graph: bool = False,
     images: int | None = None,
+    compiled: bool = False,
 ) -> MultiSeedSamples:
     """Sample the main chain and `num_seeds` seed chains of N tokens in one batched pass (no grad).
 
@@ -123,6 +131,9 @@ def multi_seed_denoise(
             error naming that key otherwise; calls that record transitions run uncaptured.
         images: B, when the N tokens are B images' P = N / B tokens each (image-major): the recorded
             transitions come out [K+1, B, R, P, ...] (a rollout's layout) instead of [K+1, R, N, ...].
+        compiled: run each step's head output (modulation, head, guidance) as a torch.compile graph
+            (`rollout.compile_head`; margrpo.heads.compiled): compile fuses the head's elementwise
+            work; the sampler step stays margrpo's fused op. One graph serves every step and token count.
     """
     if isinstance(num_seeds, bool) or not isinstance(num_seeds, int) or num_seeds < 0:
         raise ValueError(f"num_seeds: got {num_seeds!r}, expected an int >= 0")
@@ -144,7 +155,7 @@ def multi_seed_denoise(
     eps = resolve_noise(noise, generator, (num_steps + 1, num_seeds + 1, tokens, channels), _acc_dtype(z), z.device)
 
     with torch.no_grad():
-        return run_chains(head, rows, sampler, eps, steps, cfg, temperature, backend, images)
+        return run_chains(head, rows, sampler, eps, steps, cfg, temperature, backend, images, compiled)
 
 
 def _split_images(samples: MultiSeedSamples, images: int) -> MultiSeedSamples:
@@ -170,18 +181,20 @@ def run_chains(
     temperature: float,
     backend: str | None,
     images: int | None = None,
+    compiled: bool = False,
 ) -> MultiSeedSamples:
     """The batched T-step loop of multi_seed_denoise on validated inputs: rows = z as [N, Dz] or
-    [2, N, Dz], eps [T+1, K+1, N, C] in the trajectory dtype, images B or None. Nothing in the loop
-    waits for the device: the head times are views of the sampler's device table."""
+    [2, N, Dz], eps [T+1, K+1, N, C] in the trajectory dtype, images B or None, compiled: the step's
+    head output compiled. Nothing in the loop waits for the device: the head times are views of the
+    sampler's device table."""
     acc = eps.dtype
     recorded: dict[str, list[torch.Tensor]] = {name: [] for name in _RECORDED}
     cond = head.embed_condition(rows)  # independent of the step: once for all T steps
     times = sampler.model_times_on(rows.device)
+    output = compiled_step_output if compiled else step_output
     x = eps[0]
     for i in range(sampler.num_steps):
-        modulation = head.modulation(cond, times[i])
-        out = guided_output(head, modulation, x, cfg, backend).to(acc)
+        out = output(head, cond, times[i], x, cfg, backend).to(acc)
         step = sampler.step(out, x, i, eps[i + 1], temperature)
         if i in steps:
             std = torch.as_tensor(step.std, dtype=acc, device=x.device).expand_as(x)

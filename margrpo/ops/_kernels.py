@@ -77,9 +77,10 @@ def pick(
 ) -> str:
     """The backend that runs `op` on `device`: the user's choice (`selection`, else the global one), or
     under `auto` the first of the measured (else built-in) order whose kernels `names` are all built
-    (see _backend.resolve). `elements`: the main input's size (a symbolic size while tracing counts as
-    unknown)."""
-    size = elements if isinstance(elements, int) else None
+    (see _backend.resolve). `elements`: the main input's size (unknown while torch.compile traces)."""
+    # while torch.compile traces, the size counts as unknown: it may be symbolic (dynamic shapes), and
+    # dynamo passes a symbolic size off as an int, which _pick's constant result cannot take
+    size = None if torch.compiler.is_compiling() else elements
     return _pick(device.type, op, module, names, selection or _backend.get_backend(), size, implemented)
 
 

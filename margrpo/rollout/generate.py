@@ -252,6 +252,7 @@ class _Generation:
         device = torch.device("cpu") if first is None else first.device
         dtype = torch.float64 if first is not None and first.dtype == torch.float64 else torch.float32
         self.device, self.dtype = device, dtype
+        self.compiles_head = config.compiles_head(device)
 
         self.order, self.noise_bank = _draw_randomness(seeds, N, diff_steps, K + 1, C, device, dtype)
         self.unknown_mode = config.likelihood_positions == "unknown"
@@ -356,6 +357,7 @@ class _Generation:
             noise=bank.reshape(B * P, -1, num_seeds + 1, C).permute(1, 2, 0, 3),
             cuda_graph=self.config.cuda_graph,
             images=B,
+            compiled=self.compiles_head,
         )
 
     def _record(self, j: int, out, positions: torch.Tensor, n: int, scale: float, prediction) -> None:

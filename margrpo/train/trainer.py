@@ -457,6 +457,7 @@ RESUME_OVERRIDES = (
     "run.eval_ema",
     "run.flat_reward_warn_steps",
     "rollout.cuda_graph",  # how the head runs, not what it computes
+    "rollout.compile_head",
     "pretrain",
 )
 GLOBAL_BATCH = "grpo.prompts_per_step"  # per rank: a resume compares it times the world size

@@ -1,0 +1,52 @@
+"""The head's per-step output under torch.compile (`rollout.compile_head`).
+
+One diffusion step's network work (the modulation at time t, the head's blocks, the CFG combine) is
+compiled as one graph; the sampler step around it stays margrpo's fused op, so what compile adds is
+the fusion of the head's elementwise work (LayerNorm, modulation, SiLU, residual gates) that eager
+PyTorch runs as separate kernels. A step, not the whole T-step chain: the graph is T times smaller
+to compile, and it does not change with the recorded steps, so recorded calls use it too.
+
+Dynamo compiles one graph per head layout, seed count and guidance kind, with the token count
+dynamic (marked before each call: a rollout's mask steps denoise different counts), one more for a
+single token, and one when a guidance scale first changes (after which the scale is symbolic).
+If compiling fails, a warning names the key and the process goes on uncompiled: it is a speed
+switch, and a training run should not die of it.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import torch
+
+_FAILED: list[Exception] = []  # the compile error, once one happened in this process
+
+
+@functools.cache
+def _compiled():
+    from .multi_seed import step_output
+
+    return torch.compile(step_output, fullgraph=True)
+
+
+def compiled_step_output(head, cond: torch.Tensor, t: torch.Tensor, x: torch.Tensor, cfg, backend: str | None = None):
+    """margrpo.heads.multi_seed.step_output, compiled (uncompiled once compiling has failed)."""
+    from .multi_seed import step_output
+
+    if _FAILED:
+        return step_output(head, cond, t, x, cfg, backend)
+    x = x.contiguous()  # the first step's x is a view of the noise: strides are guarded
+    torch._dynamo.maybe_mark_dynamic(x, x.dim() - 2)
+    torch._dynamo.maybe_mark_dynamic(cond, cond.dim() - 2)
+    try:
+        return _compiled()(head, cond, t, x, cfg, backend)
+    except torch._dynamo.exc.TorchDynamoException as err:
+        _FAILED.append(err)
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        warnings.warn(
+            f"rollout.compile_head: torch.compile of the head's step failed ({reason}); this process runs "
+            "it uncompiled from now on (set rollout.compile_head: false to skip the attempt)",
+            stacklevel=2,
+        )
+        return step_output(head, cond, t, x, cfg, backend)
