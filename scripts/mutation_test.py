@@ -416,6 +416,14 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_compile_head.py",),
     ),
     Mutant(
+        "compiled_head_bakes_in_the_guidance_scale",
+        "margrpo/heads/compiled.py::compiled_step_output",
+        "scale = None if cfg is None else torch.full((), cfg.scale, dtype=torch.float32, device=x.device)",
+        "scale = None",
+        "the compiled head output takes the guidance scale as a constant: a scale schedule recompiles every mask step",
+        ("tests/test_compile_head.py",),
+    ),
+    Mutant(
         "compile_head_auto_compiles_on_cpu",
         "margrpo/rollout/config.py::RolloutConfig.compiles_head",
         'return torch.device(device).type == "cuda" and not self.cuda_graph',

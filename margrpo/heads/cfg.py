@@ -55,11 +55,13 @@ class Guidance:
         """These settings with the scheduled scale at `progress` fixed as a constant (one head call)."""
         return dataclasses.replace(self, scale=self.scale_at(progress), schedule="constant")
 
-    def combine(self, cond: torch.Tensor, uncond: torch.Tensor, eps_channels: int) -> torch.Tensor:
-        """Guided output from the cond/uncond head outputs [..., out]; eps_channels = C."""
+    def combine(self, cond: torch.Tensor, uncond: torch.Tensor, eps_channels: int, scale: torch.Tensor | None = None) -> torch.Tensor:
+        """Guided output from the cond/uncond head outputs [..., out]; eps_channels = C. scale: this
+        scale as a 0-d tensor (a compiled caller's: a tensor is a graph input, a number a constant)."""
         if cond.shape != uncond.shape:
             raise ValueError(f"cond/uncond: got shapes {tuple(cond.shape)} and {tuple(uncond.shape)}, expected equal")
+        weight = self.scale if scale is None else scale
         if self.channels == "all" or cond.shape[-1] == eps_channels:
-            return uncond + self.scale * (cond - uncond)
-        eps = uncond[..., :eps_channels] + self.scale * (cond[..., :eps_channels] - uncond[..., :eps_channels])
+            return uncond + weight * (cond - uncond)
+        eps = uncond[..., :eps_channels] + weight * (cond[..., :eps_channels] - uncond[..., :eps_channels])
         return torch.cat([eps, cond[..., eps_channels:]], dim=-1)

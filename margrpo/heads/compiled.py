@@ -6,9 +6,10 @@ the fusion of the head's elementwise work (LayerNorm, modulation, SiLU, residual
 PyTorch runs as separate kernels. A step, not the whole T-step chain: the graph is T times smaller
 to compile, and it does not change with the recorded steps, so recorded calls use it too.
 
-Dynamo compiles one graph per head layout, seed count and guidance kind, with the token count
-dynamic (marked before each call: a rollout's mask steps denoise different counts), one more for a
-single token, and one when a guidance scale first changes (after which the scale is symbolic).
+Dynamo compiles one graph per head layout and guidance kind, with the trajectory and token counts
+dynamic (marked before each call: a rollout's mask steps denoise different counts, with or without
+seed chains) and the guidance scale a tensor input (a schedule changes it every mask step), and one
+more for each count of 1 (a lone main chain; a single token), which Dynamo always specialises.
 If compiling fails, a warning names the key and the process goes on uncompiled: it is a speed
 switch, and a training run should not die of it.
 """
@@ -37,10 +38,14 @@ def compiled_step_output(head, cond: torch.Tensor, t: torch.Tensor, x: torch.Ten
     if _FAILED:
         return step_output(head, cond, t, x, cfg, backend)
     x = x.contiguous()  # the first step's x is a view of the noise: strides are guarded
+    # the trajectory and token counts vary between calls (seed chains or none; a mask step's tokens)
+    torch._dynamo.maybe_mark_dynamic(x, 0)
     torch._dynamo.maybe_mark_dynamic(x, x.dim() - 2)
     torch._dynamo.maybe_mark_dynamic(cond, cond.dim() - 2)
+    # the guidance scale as a graph input: a number would be a constant, and a schedule would recompile
+    scale = None if cfg is None else torch.full((), cfg.scale, dtype=torch.float32, device=x.device)
     try:
-        return _compiled()(head, cond, t, x, cfg, backend)
+        return _compiled()(head, cond, t, x, cfg, backend, scale)
     except torch._dynamo.exc.TorchDynamoException as err:
         _FAILED.append(err)
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

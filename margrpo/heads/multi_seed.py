@@ -83,19 +83,24 @@ def _check_channels(head, sampler) -> None:
         )
 
 
-def guided_output(head, modulation: layers.Modulation, x: torch.Tensor, cfg: Guidance | None, backend: str | None = None) -> torch.Tensor:
+def guided_output(
+    head, modulation: layers.Modulation, x: torch.Tensor, cfg: Guidance | None, backend: str | None = None, scale: torch.Tensor | None = None
+) -> torch.Tensor:
     """Head output for x [*L, N, C] under `modulation` ([N, W], or [..., 2, N, W] with CFG; both CFG
-    halves read the same x), guided when cfg is given -> [*L, N, out]."""
+    halves read the same x), guided when cfg is given -> [*L, N, out]. scale: cfg's scale as a 0-d
+    tensor (Guidance.combine)."""
     if cfg is None:
         return head.denoise(x, modulation, backend)
     out = head.denoise(x.unsqueeze(-3), modulation, backend)  # [*L, 2, N, out]
-    return cfg.combine(out.select(-3, 0), out.select(-3, 1), head.in_channels)
+    return cfg.combine(out.select(-3, 0), out.select(-3, 1), head.in_channels, scale)
 
 
-def step_output(head, cond: torch.Tensor, t: torch.Tensor, x: torch.Tensor, cfg: Guidance | None, backend: str | None = None):
+def step_output(
+    head, cond: torch.Tensor, t: torch.Tensor, x: torch.Tensor, cfg: Guidance | None, backend: str | None = None, scale: torch.Tensor | None = None
+):
     """The head's (guided) output for x [K+1, N, C] at time t under the embedded condition `cond`
     (head.embed_condition of the rows): one diffusion step's network work."""
-    return guided_output(head, head.modulation(cond, t), x, cfg, backend)
+    return guided_output(head, head.modulation(cond, t), x, cfg, backend, scale)
 
 
 def multi_seed_denoise(
