@@ -84,7 +84,12 @@ def _check_channels(head, sampler) -> None:
 
 
 def guided_output(
-    head, modulation: layers.Modulation, x: torch.Tensor, cfg: Guidance | None, backend: str | None = None, scale: torch.Tensor | None = None
+    head,
+    modulation: layers.Modulation,
+    x: torch.Tensor,
+    cfg: Guidance | None,
+    backend: str | None = None,
+    scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Head output for x [*L, N, C] under `modulation` ([N, W], or [..., 2, N, W] with CFG; both CFG
     halves read the same x), guided when cfg is given -> [*L, N, out]. scale: cfg's scale as a 0-d
@@ -96,7 +101,13 @@ def guided_output(
 
 
 def step_output(
-    head, cond: torch.Tensor, t: torch.Tensor, x: torch.Tensor, cfg: Guidance | None, backend: str | None = None, scale: torch.Tensor | None = None
+    head,
+    cond: torch.Tensor,
+    t: torch.Tensor,
+    x: torch.Tensor,
+    cfg: Guidance | None,
+    backend: str | None = None,
+    scale: torch.Tensor | None = None,
 ):
     """The head's (guided) output for x [K+1, N, C] at time t under the embedded condition `cond`
     (head.embed_condition of the rows): one diffusion step's network work."""
