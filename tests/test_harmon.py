@@ -561,7 +561,8 @@ def bench():
 
 def test_gpu_benchmark_runs_tiny_on_cpu(bench, tmp_path):
     result = bench.run(tmp_path, tiny=True, device="cpu")
-    assert json.loads((tmp_path / "harmon-tiny.json").read_text())["setting"]["preset"] == "harmon-tiny"
+    setting = json.loads((tmp_path / "harmon-tiny.json").read_text())["setting"]
+    assert setting["preset"] == "harmon-tiny" and setting["head_compiled"] is False  # auto, on a CPU
     for key in ("backbone_ms", "fused_rollout_ms", "reference_rollout_ms", "fused_step_ms", "reference_step_ms"):
         assert result[key] > 0, key
     assert result["step_speedup"] == pytest.approx(result["reference_step_ms"] / result["fused_step_ms"])

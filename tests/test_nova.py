@@ -495,6 +495,16 @@ def test_gpu_benchmark_step_only_reports_paired_rounds(tmp_path):
     assert len(rounds["per_round"]) == 3 and sorted(map(sorted, rounds["order"])) == [["fused", "reference"]] * 3
     assert result["speedup"] == {"grpo_step": pytest.approx(sorted(rounds["per_round"])[1])}
     assert rounds["p20"] <= rounds["p50"] <= rounds["p80"]
+    assert result["settings"]["compile_head"] == "auto" and result["settings"]["head_compiled"] is False  # auto, on a CPU
+
+
+def test_gpu_benchmark_passes_compile_head_to_the_trainer(tmp_path):
+    from margrpo.bench.models import NovaBenchSettings, nova_bench_config
+
+    for value in (True, False, "auto"):
+        settings = dataclasses.replace(NovaBenchSettings.tiny(), compile_head=value)
+        assert settings.rollout_config().compile_head == value
+        assert nova_bench_config(settings, torch.device("cpu"), tmp_path).rollout.compile_head == value
 
 
 def test_gpu_benchmark_grpo_step_under_cuda_bf16_autocast(tmp_path):

@@ -309,6 +309,7 @@ def run(out_dir: str | Path, tiny: bool = False, device: str | torch.device | No
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     setting_json = {k: str(v) if isinstance(v, torch.dtype) else v for k, v in dataclasses.asdict(setting).items()}
+    setting_json["head_compiled"] = full[0].compiles_head(device)  # rollout.compile_head (auto: on CUDA)
     report = JsonReport(str(out / name), device, benchmark="harmon", setting=setting_json)
     ms: dict[str, float] = {}
     peaks: dict[str, float] = {}

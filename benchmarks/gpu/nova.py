@@ -73,6 +73,11 @@ def main(argv: list[str] | None = None) -> int:
         help="model dtype (default: bfloat16, float32 with --tiny; --tiny --dtype bfloat16 rehearses the GPU's)",
     )
     parser.add_argument("--autocast", action="store_true", help="the GRPO step under bf16 autocast on CPU too (as on CUDA)")
+    parser.add_argument(
+        "--compile-head",
+        choices=("auto", "true", "false"),
+        help="the fused rollout's rollout.compile_head (default auto: the head compiled on CUDA, not on a CPU)",
+    )
     args = parser.parse_args(argv)
     if args.tiny:
         torch.set_num_threads(1)
@@ -90,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
                 repeats=args.repeats,
                 dtype=args.dtype,
                 bf16=True if args.autocast else None,
+                compile_head={"true": True, "false": False}.get(args.compile_head, args.compile_head),
             )
         )
     )

@@ -62,6 +62,7 @@ class NovaBenchSettings:
     repeats: int = 1  # interleaved timed rounds per path (median; the step's paired ratio per round)
     time_rollout: bool = True  # also time the rollout alone (False: the GRPO step only)
     bf16: bool | None = None  # the trainer's optim.bf16 (autocast); None: on CUDA only
+    compile_head: bool | str = "auto"  # the fused rollout's rollout.compile_head (auto: compiled on CUDA)
 
     @classmethod
     def tiny(cls) -> "NovaBenchSettings":
@@ -92,6 +93,7 @@ class NovaBenchSettings:
             record_mask_steps=min(self.record_mask_steps, steps - 2),
             record_diffusion_steps=self.record_diffusion_steps,
             likelihood_positions="unknown",
+            compile_head=self.compile_head,
         )
 
 
@@ -259,6 +261,7 @@ def nova_bench_config(settings: NovaBenchSettings, device: torch.device, workdir
         f"rollout.record_mask_steps={r.record_mask_steps}",
         f"rollout.record_diffusion_steps={r.record_diffusion_steps}",
         "rollout.likelihood_positions=unknown",
+        f"rollout.compile_head={str(r.compile_head).lower()}",
         f"grpo.group_size={settings.group_size}",
         f"grpo.prompts_per_step={settings.prompts}",
         "grpo.objective=reinforce",
@@ -403,6 +406,7 @@ def bench_nova(device: torch.device | str, settings: NovaBenchSettings | None = 
             **dataclasses.asdict(settings),
             "tokens": backbone.num_tokens,
             "effective_mask_steps": len(effective_steps(counts)),
+            "head_compiled": config.compiles_head(device),  # what compile_head resolved to here
             "arch": list(backbone.config.arch),
         },
         "rows": rows,
