@@ -51,7 +51,7 @@ def count_step(
     device = torch.device("cpu")
     backbone = nova.build(settings.preset, device=device, dtype=settings.dtype, seed=0)
     sampler = backbone.make_sampler(settings.diffusion_steps)
-    prompts = [models.NOVA_PROMPTS[i % len(models.NOVA_PROMPTS)] for i in range(settings.prompts) for _ in range(settings.group_size)]
+    prompts = settings.batch_prompts
     config = settings.rollout_config()
     counts = mask_schedule(backbone.num_tokens, config.num_mask_steps, "nova")
     plan = choose_plan(counts, sampler, config.record_mask_steps, config.record_diffusion_steps, torch.Generator().manual_seed(0))

@@ -410,7 +410,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "compiled_head_recompiles_per_token_count",
         "margrpo/heads/compiled.py::compiled_step_output",
-        "    torch._dynamo.maybe_mark_dynamic(x, x.dim() - 2)\n",
+        "        torch._dynamo.maybe_mark_dynamic(x, x.dim() - 2)\n",
         "",
         "the compiled head output is compiled again for the second token count of a rollout",
         ("tests/test_compile_head.py",),
@@ -418,7 +418,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "compiled_head_bakes_in_the_guidance_scale",
         "margrpo/heads/compiled.py::compiled_step_output",
-        "scale = None if cfg is None else torch.full((), cfg.scale, dtype=torch.float32, device=x.device)",
+        "scale = None if cfg is None else torch.full((), cfg.scale, dtype=torch.float32, device=cond.device)",
         "scale = None",
         "the compiled head output takes the guidance scale as a constant: a scale schedule recompiles every mask step",
         ("tests/test_compile_head.py",),

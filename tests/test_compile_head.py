@@ -38,11 +38,6 @@ def _graphs() -> int:
     return counters["stats"]["unique_graphs"]
 
 
-def _traced_only(monkeypatch):
-    """Compile with Dynamo's eager backend: the same tracing, guards and graphs, no Inductor build."""
-    monkeypatch.setattr(compiled, "_compiled", lambda: torch.compile(step_output, fullgraph=True, backend="eager"))
-
-
 def _nova_head():
     torch.manual_seed(0)
     head = DiffusionMLP(2, 32, DZ, 1, C)  # patch 1 x image_dim C: C-channel tokens
@@ -118,13 +113,28 @@ def test_a_failed_compile_warns_once_and_runs_uncompiled(monkeypatch):
 
 
 # ---------------------------------------------------------------------- the rollout
-def test_rollout_with_compile_head_equals_the_uncompiled_rollout(monkeypatch, tmp_path):
-    """A NOVA rollout (linear guidance schedule, seed chains, recorded steps, consistency predictions)
-    with the head compiled: the same images and records, two graphs for all its calls, and none more
-    for a second rollout of other seeds and another batch size."""
+@pytest.mark.parametrize("seed_chains", ["step", "commit"])
+def test_rollout_with_compile_head_equals_the_uncompiled_rollout(monkeypatch, seed_chains):
+    """A NOVA rollout (linear guidance schedule, seed chains, recorded steps, consistency predictions;
+    seed chains deferred to selected tokens, or drawn at commit time as the reference code does) with
+    the head compiled: every head step of the rollout goes through the compiled graph, the images and
+    records equal the uncompiled rollout's, two graphs serve all its calls, and a second rollout of
+    other seeds and another batch size builds none."""
+    from margrpo.heads import multi_seed
     from margrpo.models.nova.presets import build
 
-    _traced_only(monkeypatch)
+    compiled_fn = torch.compile(step_output, fullgraph=True, backend="eager")  # traced, no Inductor build
+    steps = {"compiled": 0, "uncompiled": 0}
+
+    def counted_compiled(*args):
+        steps["compiled"] += 1
+        return compiled_fn(*args)
+
+    def counted_uncompiled(*args):
+        steps["uncompiled"] += 1
+        return step_output(*args)
+
+    monkeypatch.setattr(compiled, "_compiled", lambda: counted_compiled)
     backbone = build("nova-tiny", seed=3)
     config = RolloutConfig(
         num_mask_steps=6,
@@ -136,12 +146,19 @@ def test_rollout_with_compile_head_equals_the_uncompiled_rollout(monkeypatch, tm
         record_mask_steps=2,
         record_diffusion_steps=2,
         likelihood_positions="unknown",
+        seed_chains=seed_chains,
     )
+    # step-drawn seed chains past the committed tokens run for these tokens only (generate's deferral)
+    selection = (lambda seeds: seeds[0, ..., 0] > 0) if seed_chains == "step" else None
     prompts = ["a cat", "a dog", "a red car"]
     for count, seeds in ((3, [1, 2, 3]), (2, [7, 8])):
-        want = generate(backbone, prompts[:count], dataclasses.replace(config, compile_head=False), seeds)
-        before = _graphs()
-        got = generate(backbone, prompts[:count], dataclasses.replace(config, compile_head=True), seeds)
+        with monkeypatch.context() as patch:
+            patch.setattr(multi_seed, "step_output", counted_uncompiled)
+            want = generate(backbone, prompts[:count], dataclasses.replace(config, compile_head=False), seeds, seed_selection=selection)
+        before, steps["compiled"] = _graphs(), 0
+        got = generate(backbone, prompts[:count], dataclasses.replace(config, compile_head=True), seeds, seed_selection=selection)
+        assert steps["compiled"] == steps["uncompiled"] > 0  # every head step of the rollout, compiled
+        steps["uncompiled"] = 0
         if count == 3:
             assert _graphs() == 2  # every call with seed chains, and the lone main chain (a count of 1)
         else:

@@ -82,6 +82,11 @@ class NovaBenchSettings:
     def batch(self) -> int:
         return self.prompts * self.group_size
 
+    @property
+    def batch_prompts(self) -> list[str]:
+        """The step's prompts: `prompts` of NOVA_PROMPTS, each repeated group_size times."""
+        return [NOVA_PROMPTS[i % len(NOVA_PROMPTS)] for i in range(self.prompts) for _ in range(self.group_size)]
+
     def rollout_config(self, mask_steps: int | None = None) -> RolloutConfig:
         steps = mask_steps or self.mask_steps
         return RolloutConfig(
@@ -297,7 +302,7 @@ def bench_nova(device: torch.device | str, settings: NovaBenchSettings | None = 
     backbone = nova.build(settings.preset, device=device, dtype=settings.dtype, seed=seed)
     print(f"[bench_nova] built {settings.preset} ({settings.dtype}) in {time.perf_counter() - began:.1f} s", flush=True)
     sampler = backbone.make_sampler(settings.diffusion_steps)
-    prompts = [NOVA_PROMPTS[i % len(NOVA_PROMPTS)] for i in range(settings.prompts) for _ in range(settings.group_size)]
+    prompts = settings.batch_prompts
     seeds = list(range(settings.batch))
     counts = mask_schedule(backbone.num_tokens, settings.mask_steps, "nova")
     config, short = settings.rollout_config(), settings.rollout_config(settings.warmup_mask_steps)

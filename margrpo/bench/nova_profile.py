@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(1)
 
     from margrpo.bench.machine import header, machine_description
-    from margrpo.bench.models import NOVA_PROMPTS, NovaBenchSettings, _nova_trainer, trainer_reference_step
+    from margrpo.bench.models import NovaBenchSettings, _nova_trainer, trainer_reference_step
     from margrpo.models import nova
     from margrpo.rollout import choose_plan, effective_steps, mask_schedule
 
@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
                 plan = choose_plan(
                     counts, sampler, config.record_mask_steps, config.record_diffusion_steps, torch.Generator().manual_seed(0)
                 )
-                prompts = [NOVA_PROMPTS[i % len(NOVA_PROMPTS)] for i in range(settings.prompts) for _ in range(settings.group_size)]
+                prompts = settings.batch_prompts
                 generator = torch.Generator().manual_seed(0)
                 reward = clock.wrap(trainer.reward, lambda *a, **kw: "reward")
 

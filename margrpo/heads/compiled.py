@@ -31,27 +31,39 @@ def _compiled():
     return torch.compile(step_output, fullgraph=True)
 
 
-def compiled_step_output(head, cond: torch.Tensor, t: torch.Tensor, x: torch.Tensor, cfg, backend: str | None = None):
-    """margrpo.heads.multi_seed.step_output, compiled (uncompiled once compiling has failed)."""
+def compiled_step_output(head, cond: torch.Tensor, cfg, backend: str | None = None):
+    """For the T steps of one chain: a function of (t, x) giving margrpo.heads.multi_seed.step_output
+    (head, cond, t, x, cfg, backend) from the compiled graph (uncompiled once compiling has failed).
+    What is the same for every step (the condition's dynamic token axis, the scale tensor) is set up
+    here, once per chain."""
     from .multi_seed import step_output
 
-    if _FAILED:
+    def uncompiled(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return step_output(head, cond, t, x, cfg, backend)
-    x = x.contiguous()  # the first step's x is a view of the noise: strides are guarded
-    # the trajectory and token counts vary between calls (seed chains or none; a mask step's tokens)
-    torch._dynamo.maybe_mark_dynamic(x, 0)
-    torch._dynamo.maybe_mark_dynamic(x, x.dim() - 2)
+
+    if _FAILED:
+        return uncompiled
     torch._dynamo.maybe_mark_dynamic(cond, cond.dim() - 2)
     # the guidance scale as a graph input: a number would be a constant, and a schedule would recompile
-    scale = None if cfg is None else torch.full((), cfg.scale, dtype=torch.float32, device=x.device)
-    try:
-        return _compiled()(head, cond, t, x, cfg, backend, scale)
-    except torch._dynamo.exc.TorchDynamoException as err:
-        _FAILED.append(err)
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        warnings.warn(
-            f"rollout.compile_head: torch.compile of the head's step failed ({reason}); this process runs "
-            "it uncompiled from now on (set rollout.compile_head: false to skip the attempt)",
-            stacklevel=2,
-        )
-        return step_output(head, cond, t, x, cfg, backend)
+    scale = None if cfg is None else torch.full((), cfg.scale, dtype=torch.float32, device=cond.device)
+
+    def output(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        if _FAILED:
+            return uncompiled(t, x)
+        x = x.contiguous()  # the first step's x is a view of the noise: strides are guarded
+        # the trajectory and token counts vary between calls (seed chains or none; a mask step's tokens)
+        torch._dynamo.maybe_mark_dynamic(x, 0)
+        torch._dynamo.maybe_mark_dynamic(x, x.dim() - 2)
+        try:
+            return _compiled()(head, cond, t, x, cfg, backend, scale)
+        except torch._dynamo.exc.TorchDynamoException as err:
+            _FAILED.append(err)
+            reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            warnings.warn(
+                f"rollout.compile_head: torch.compile of the head's step failed ({reason}); this process runs "
+                "it uncompiled from now on (set rollout.compile_head: false to skip the attempt)",
+                stacklevel=2,
+            )
+            return uncompiled(t, x)
+
+    return output

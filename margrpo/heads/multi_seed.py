@@ -207,10 +207,16 @@ def run_chains(
     recorded: dict[str, list[torch.Tensor]] = {name: [] for name in _RECORDED}
     cond = head.embed_condition(rows)  # independent of the step: once for all T steps
     times = sampler.model_times_on(rows.device)
-    output = compiled_step_output if compiled else step_output
+    if compiled:
+        output = compiled_step_output(head, cond, cfg, backend)
+    else:
+
+        def output(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+            return step_output(head, cond, t, x, cfg, backend)
+
     x = eps[0]
     for i in range(sampler.num_steps):
-        out = output(head, cond, times[i], x, cfg, backend).to(acc)
+        out = output(times[i], x).to(acc)
         step = sampler.step(out, x, i, eps[i + 1], temperature)
         if i in steps:
             std = torch.as_tensor(step.std, dtype=acc, device=x.device).expand_as(x)

@@ -54,9 +54,11 @@ class CommitChains:
         guidance_of,
         temperature: float,
         num_seeds: int,
+        compiled: bool = False,
     ) -> None:
         """Replace trajectories 1..K of every recorded step's record (rollout layout) by chains drawn
-        under z_c with the same noise-bank entries, scored under z_j."""
+        under z_c with the same noise-bank entries, scored under z_j (compiled: the head's step
+        output compiled, rollout.compile_head)."""
         from .generate import _gather_rows  # the loop's noise layout, kept in one place
 
         for j, (positions, z_rows) in self.step_rows.items():
@@ -73,6 +75,7 @@ class CommitChains:
                 temperature=temperature,
                 noise=noise,
                 images=B,
+                compiled=compiled,
             )
             dtype = records[j]["x_t"].dtype
             x_t, x_prev = out.x_t[1:].to(dtype), out.x_prev[1:].to(dtype)

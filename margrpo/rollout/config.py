@@ -70,10 +70,10 @@ class RolloutConfig:
     # replay the head's T-step chain of each mask step that records nothing from a captured CUDA graph
     # (margrpo.heads.cuda_graph: no per-kernel launch cost on the host; CUDA only)
     cuda_graph: bool = False
-    # run the head's T-step chain of each mask step that records nothing as one torch.compile graph
-    # (compile fuses the head's elementwise work around margrpo's custom ops); "auto": on CUDA, where
-    # measured compilation beat the uncompiled loop at NOVA's head, unless cuda_graph is on; not on a
-    # CPU, where compiling takes longer than it saves in a short run
+    # run each diffusion step's head output (modulation, blocks, guidance) as one torch.compile graph
+    # (margrpo.heads.compiled: compile fuses the head's elementwise work; the sampler step stays a
+    # fused op); "auto": on CUDA, where compiling NOVA's head beat the uncompiled loop on an H200,
+    # unless cuda_graph is on; not on a CPU, where compiling takes longer than it saves in a short run
     compile_head: bool | Literal["auto"] = "auto"
 
     def __post_init__(self) -> None:
@@ -126,7 +126,7 @@ class RolloutConfig:
         return dataclasses.replace(self, num_seeds=0, record_mask_steps=0, record_diffusion_steps=1, likelihood_positions="revealed")
 
     def compiles_head(self, device: torch.device) -> bool:
-        """Whether a rollout on `device` runs the head's unrecorded chains compiled (compile_head)."""
+        """Whether a rollout on `device` runs the head's step output compiled (compile_head)."""
         if self.compile_head == "auto":
             return torch.device(device).type == "cuda" and not self.cuda_graph
         return self.compile_head

@@ -408,6 +408,7 @@ class _Generation:
                 lambda j: guidance_for(config, self.cfg_scales[j]),
                 config.temperature,
                 K,
+                self.compiles_head,
             )
 
         seed_recorded = self._deferred_seed_chains() if self.seed_selection is not None else None
@@ -480,6 +481,7 @@ class _Generation:
             temperature=config.temperature,
             noise=bank.permute(1, 2, 0, 3),
             cuda_graph=config.cuda_graph,
+            compiled=self.compiles_head,
         )
         P = n + Q
         image, column = rows // Q, rows % Q + n  # a transition's column in the step's part of L: r * P + p
