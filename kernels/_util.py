@@ -2,6 +2,12 @@
 
 Block sizes are chosen by simple rules instead of @triton.autotune, so the same launchers run under
 TRITON_INTERPRET=1 (where autotune has no driver) and on the GPU without a tuning pass per shape.
+
+Row counts (tokens, rows of a selection) are listed in each kernel's `do_not_specialize`: by default
+Triton compiles a new variant of a kernel when an integer argument changes between 1, a multiple of
+16 and anything else, and a rollout's token count changes at every mask step, so a timed step would
+pay for compiles its warm-up never saw. Only counts that bound masks or index rows are listed;
+widths and strides stay specialised, because their divisibility lets the loads vectorise.
 """
 
 from __future__ import annotations

@@ -28,8 +28,12 @@ import triton.language as tl
 
 from margrpo.ops._validate import broadcast_shape
 
+# B and N change with every mask step (tokens revealed, trajectories, CFG halves) and only index rows,
+# so Triton must not compile a variant per value class (1, a multiple of 16, other); see _util.py
+ROW_COUNTS = ["B", "N"]
 
-@triton.jit
+
+@triton.jit(do_not_specialize=ROW_COUNTS)
 def _ln_modulate_kernel(
     x_ptr,
     shift_ptr,
@@ -76,7 +80,7 @@ def _ln_modulate_kernel(
     tl.store(out_ptr + row * W + cols, y.to(out_ptr.dtype.element_ty), mask=inside)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=ROW_COUNTS)
 def _gate_residual_kernel(
     res_ptr,
     h_ptr,

@@ -27,7 +27,7 @@ def _cosine_or_zero(dot, norm_a2, norm_b2, TINY: tl.constexpr):
     return tl.where(norm2 > 0, dot / tl.sqrt(tl.maximum(norm2, TINY)), 0.0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _consistency_mask_kernel(
     prev_ptr,
     cur_ptr,

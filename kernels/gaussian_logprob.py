@@ -31,7 +31,7 @@ def _tile(rows, c0, R, C, BLOCK_C: tl.constexpr):
     return rows.to(tl.int64)[:, None] * C + cols[None, :], ok
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["R"])
 def _gaussian_logprob_fwd_kernel(
     x_ptr,
     mean_ptr,
@@ -74,7 +74,7 @@ def _gaussian_logprob_fwd_kernel(
         tl.store(out_ptr + rows.to(tl.int64), total, mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["R"])
 def _gaussian_logprob_bwd_kernel(
     grad_ptr,
     x_ptr,

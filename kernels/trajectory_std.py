@@ -36,7 +36,7 @@ def _load_centered(samples_ptr, rows, c0, K, M, C, dt: tl.constexpr, BLOCK_K: tl
     return offs, ok, centered, std
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _trajectory_std_fwd_kernel(
     samples_ptr,
     out_ptr,
@@ -57,7 +57,7 @@ def _trajectory_std_fwd_kernel(
     tl.store(out_ptr + rows.to(tl.int64), total / C, mask=rows < M)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _trajectory_std_bwd_kernel(
     grad_out_ptr,
     samples_ptr,

@@ -72,10 +72,11 @@ def test_compile_head_rejects_other_values_and_cuda_graphs(monkeypatch):
 def test_compiled_chain_equals_the_uncompiled_one_with_one_graph_for_every_token_count():
     """Inductor for real (a tiny head, 3 steps): x0 and the recorded transitions equal the uncompiled
     chain's, whatever the token count, seed count, guidance scale, image split or the noise's layout,
-    from one graph."""
+    from one graph (a single token runs uncompiled rather than compile a graph of its own)."""
     head, sampler = _nova_head()
     g = torch.Generator().manual_seed(1)
-    for n, images, record, k, scale in ((6, 2, (), K, 4.0), (9, 3, (1,), K + 1, 2.5), (16, None, (0, 2), K, 6.0)):
+    cases = ((6, 2, (), K, 4.0), (9, 3, (1,), K + 1, 2.5), (1, None, (0,), K, 3.0), (16, None, (0, 2), K, 6.0))
+    for n, images, record, k, scale in cases:
         z = torch.randn(2 * n, DZ, generator=g)
         noise = torch.randn(n, T + 1, k + 1, C, generator=g).permute(1, 2, 0, 3)  # a view, as a rollout passes it
         kwargs = dict(cfg=Guidance(scale), noise=noise, record_steps=record, images=images)

@@ -9,7 +9,9 @@ to compile, and it does not change with the recorded steps, so recorded calls us
 Dynamo compiles one graph per head layout and guidance kind, with the trajectory and token counts
 dynamic (marked before each call: a rollout's mask steps denoise different counts, with or without
 seed chains) and the guidance scale a tensor input (a schedule changes it every mask step), and one
-more for each count of 1 (a lone main chain; a single token), which Dynamo always specialises.
+more for a lone main chain (a count of 1, which Dynamo always specialises). A single token runs
+uncompiled: a graph of its own would cost a compile (seconds, inside whichever step first reveals
+one token, e.g. the second of a 64-step NOVA schedule) for a step that takes microseconds.
 If compiling fails, a warning names the key and the process goes on uncompiled: it is a speed
 switch, and a training run should not die of it.
 """
@@ -48,7 +50,7 @@ def compiled_step_output(head, cond: torch.Tensor, cfg, backend: str | None = No
     scale = None if cfg is None else torch.full((), cfg.scale, dtype=torch.float32, device=cond.device)
 
     def output(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        if _FAILED:
+        if _FAILED or x.shape[-2] == 1:
             return uncompiled(t, x)
         x = x.contiguous()  # the first step's x is a view of the noise: strides are guarded
         # the trajectory and token counts vary between calls (seed chains or none; a mask step's tokens)
