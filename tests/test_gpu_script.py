@@ -67,6 +67,27 @@ def test_summary_tables(tmp_path):
     assert "bench_ops rc=0" in out
     assert "| gaussian_logprob | 10x4x1024x16 | triton | 0.0123 | 7.5 |" in out
     assert "broken.json: unreadable" in out
+    assert "COMPILED WHILE TIMED" not in out
+
+
+def test_summary_flags_timings_with_compiles_inside(tmp_path):
+    clean = {"triton": 0, "graphs": 0, "kernels": []}
+    rows = [
+        {
+            "what": "grpo_step",
+            "path": "fused",
+            "ms": 900.0,
+            "compiles_while_timed": {"triton": 2, "graphs": 1, "kernels": ["_ln_modulate_kernel"]},
+        },
+        {"what": "grpo_step", "path": "reference", "ms": 2700.0, "compiles_while_timed": clean},
+    ]
+    (tmp_path / "nova.json").write_text(json.dumps({"machine": "H100", "rows": rows}))
+    out = subprocess.run(
+        ["python", str(ROOT / "benchmarks" / "gpu" / "summarize.py"), str(tmp_path)], capture_output=True, text=True, check=True
+    ).stdout
+    assert "COMPILED WHILE TIMED" in out
+    assert "grpo_step fused: 2 Triton variant(s) _ln_modulate_kernel, 1 graph(s)" in out
+    assert "reference:" not in out.split("COMPILED WHILE TIMED")[1]
 
 
 def test_kernel_phase_survives_a_crash_and_lists_every_failure(tmp_path):

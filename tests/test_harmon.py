@@ -567,6 +567,10 @@ def test_gpu_benchmark_runs_tiny_on_cpu(bench, tmp_path):
         assert result[key] > 0, key
     assert result["step_speedup"] == pytest.approx(result["reference_step_ms"] / result["fused_step_ms"])
     assert "rollout" in bench.format_table(result)
+    # every timed path says what compiled inside its timed calls: nothing, after the warm-up
+    paths = ("backbone", "fused_rollout", "ref_rollout", "fused_step", "ref_step")
+    assert result["compiles_while_timed"] == {p: {"triton": 0, "graphs": 0, "kernels": []} for p in paths}
+    assert all("compiles_while_timed" in row for row in result["rows"])
 
 
 def test_benchmark_reference_rollout_keeps_all_tokens_at_recorded_steps(bench, tiny):

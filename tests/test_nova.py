@@ -498,6 +498,20 @@ def test_gpu_benchmark_step_only_reports_paired_rounds(tmp_path):
     assert result["settings"]["compile_head"] == "auto" and result["settings"]["head_compiled"] is False  # auto, on a CPU
 
 
+def test_gpu_benchmark_warm_up_compiles_what_the_timed_step_runs(tmp_path):
+    """With the head compiled (as on CUDA), the short warm-up schedule builds every graph the timed
+    step uses: the JSON records no compile inside a timed call (a compile there would count seconds
+    of Inductor as the fused path's cost)."""
+    torch._dynamo.reset()
+    module = load_script("benchmarks/gpu/nova.py", "nova_gpu_bench")
+    result = module.run(tmp_path, tiny=True, time_rollout=False, repeats=1, compile_head=True)
+    assert result["settings"]["head_compiled"] is True
+    compiled = result["speedup_rounds"]["grpo_step"]["compiles_while_timed"]
+    assert compiled == {path: {"triton": 0, "graphs": 0, "kernels": []} for path in ("fused", "reference")}
+    assert all(r["compiles_while_timed"] == compiled[r["path"]] for r in result["rows"])
+    torch._dynamo.reset()
+
+
 def test_gpu_benchmark_passes_compile_head_to_the_trainer(tmp_path):
     from margrpo.bench.models import NovaBenchSettings, nova_bench_config
 

@@ -38,7 +38,6 @@ from pathlib import Path
 import torch
 
 from margrpo.bench.machine import machine_description
-from margrpo.bench.timing import median_ms
 from margrpo.grpo import GRPOConfig, update
 from margrpo.heads import MultiSeedSamples
 from margrpo.heads.upstream import eager_denoise_logprob, eager_multi_seed_denoise
@@ -241,7 +240,8 @@ def run(out_dir: str | Path, tiny: bool = False, device: str | torch.device | No
     record_mask_steps, warmup_mask_steps, repeats; None keeps the setting's value)."""
     from margrpo.bench.machine import JsonReport
     from margrpo.bench.models import with_peak
-    from margrpo.bench.timing import synchronize
+    from margrpo.bench.compiles import warn_if_compiled
+    from margrpo.bench.timing import interleave, synchronize
 
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     setting = dataclasses.replace(TINY if tiny else FULL, **{k: v for k, v in overrides.items() if v is not None})
@@ -313,6 +313,7 @@ def run(out_dir: str | Path, tiny: bool = False, device: str | torch.device | No
     report = JsonReport(str(out / name), device, benchmark="harmon", setting=setting_json)
     ms: dict[str, float] = {}
     peaks: dict[str, float] = {}
+    compiles: dict[str, dict] = {}
     # interleaved timed rounds, the rollouts (with the S backbone passes alone) then the GRPO steps
     for what, paths in (
         (
@@ -325,9 +326,20 @@ def run(out_dir: str | Path, tiny: bool = False, device: str | torch.device | No
         ),
         ("step", {"fused_step": lambda: fused_step(*full), "ref_step": lambda: ref_step(*full)}),
     ):
-        timed = median_ms({k: with_peak(fn, device, peaks, k) for k, fn in paths.items()}, device, setting.repeats, warmup=0)
+        timings = interleave(
+            {k: with_peak(fn, device, peaks, k) for k, fn in paths.items()},
+            device,
+            min_time_s=0.0,
+            warmup=0,
+            min_rounds=setting.repeats,
+            max_rounds=setting.repeats,
+        )
         model.eval()
+        timed = {k: timings.stats(k).p50 for k in paths}
         ms.update(timed)
+        compiles.update(timings.compiles)
+        for line in warn_if_compiled(timings.compiles, f"[harmon] {what}"):
+            print(line, flush=True)
         for key, value in timed.items():
             path = key.split("_")[0]
             row = {
@@ -337,6 +349,7 @@ def run(out_dir: str | Path, tiny: bool = False, device: str | torch.device | No
                 "ms": value,
                 "images_per_s": setting.batch / (value / 1e3),
                 "peak_mb": peaks[key] * 1024 if device.type == "cuda" else None,
+                "compiles_while_timed": timings.compiles[key],
             }
             print(f"[harmon] {what:<8} {row['path']:<10} {value:10.1f} ms", flush=True)
             report.add(row)
@@ -358,6 +371,7 @@ def run(out_dir: str | Path, tiny: bool = False, device: str | torch.device | No
         "reference_rollout_peak_mb": mb["ref_rollout"],
         "fused_step_peak_mb": mb["fused_step"],
         "reference_step_peak_mb": mb["ref_step"],
+        "compiles_while_timed": compiles,
         "wall_s": time.perf_counter() - began,
         "rows": report.rows,
     }

@@ -1,6 +1,7 @@
 """Print the GPU run as markdown: step status, the kernel tests (failures, then pass/fail per op x
 backend x dtype), then one table per benchmark JSON ({machine, rows}); for the ops, the shapes where
-no margrpo backend beats eager or torch.compile."""
+no margrpo backend beats eager or torch.compile; beside any table, the timed calls that contained a JIT
+compile."""
 
 from __future__ import annotations
 
@@ -38,6 +39,37 @@ def _losses(name: str, rows: list[dict]) -> str:
     return "\n\n" + ("\n".join(["where margrpo loses:"] + lines) if lines else "margrpo beats eager and compile at every shape")
 
 
+def _compiles(data) -> list[str]:
+    """Every `compiles_while_timed` entry (margrpo.bench.compiles) with a compile in it: a row's
+    {"triton", "graphs", "kernels"}, or a group's {method: those}."""
+    found = set()
+
+    def note(label: str, counts) -> None:
+        if isinstance(counts, dict) and (counts.get("triton") or counts.get("graphs")):
+            kernels = " " + ", ".join(counts["kernels"]) if counts.get("kernels") else ""
+            found.add(f"{label}: {counts.get('triton', 0)} Triton variant(s){kernels}, {counts.get('graphs', 0)} graph(s)")
+
+    def walk(node) -> None:
+        if isinstance(node, list):
+            for item in node:
+                walk(item)
+        if not isinstance(node, dict):
+            return
+        seen = node.get("compiles_while_timed")
+        where = " ".join(str(node[k]) for k in ("model", "what", "path") if k in node)
+        if isinstance(seen, dict) and "triton" in seen:
+            note(where, seen)
+        elif isinstance(seen, dict):
+            for method, counts in seen.items():
+                note(f"{where} {method}".strip(), counts)
+        for key, value in node.items():
+            if key != "compiles_while_timed":
+                walk(value)
+
+    walk(data)
+    return sorted(found)
+
+
 def summarize(out: Path) -> str:
     parts = [f"# GPU run: {out}"]
     status = out / "status.txt"
@@ -71,6 +103,9 @@ def summarize(out: Path) -> str:
             machine = data.get("machine", "")
             headline = {k: v for k, v in data.items() if "speedup" in k or k == "meets_target"}
             extra = f"\n\n{json.dumps(headline)}" if headline else ""
+            compiled = _compiles(data)
+            if compiled:  # a timing with a JIT compile inside is not steady state: say so beside it
+                extra += "\n\nCOMPILED WHILE TIMED (these times include JIT compiles):\n" + "\n".join(f"- {c}" for c in compiled)
             parts.append(
                 f"## {path.stem}\n{_cell(machine) if not isinstance(machine, dict) else json.dumps(machine)}"
                 f"\n\n{table(rows)}{extra}{_losses(path.stem, rows)}"

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from margrpo.bench.machine import JsonReport, header, split_choices
+from margrpo.bench.compiles import warn_if_compiled
 from margrpo.bench.timing import interleave
 from margrpo.diffusion import DDPMSampler, mar_sampler
 from margrpo.heads import Guidance, mar_head, multi_seed_denoise, nova_head
@@ -158,6 +159,8 @@ def run(
         fns = methods(head, case, sampler, z, noise, names)
         reference = fns["eager"]() if "eager" in fns else None
         timed = interleave(fns, device, min_time_s=0.0, warmup=1, min_rounds=repeats, max_rounds=repeats)
+        for line in warn_if_compiled(timed.compiles, f"[denoise] {case_name}"):
+            print(line, flush=True)
         for name in timed.times:
             diff = None if reference is None else float((fns[name]() - reference).abs().max() / reference.abs().max())
             st = timed.stats(name)

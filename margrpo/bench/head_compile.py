@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from margrpo.bench.machine import JsonReport, header, split_choices
+from margrpo.bench.compiles import warn_if_compiled
 from margrpo.bench.timing import interleave
 
 METHODS = ("eager", "eager+compile", "fused", "fused+compile", "fused+compile_head")
@@ -144,10 +145,13 @@ def time_case(s: Setup, names: tuple[str, ...], device: torch.device, rounds: in
             compile_s[name] = time.perf_counter() - start
         reference = fns["eager"]() if "eager" in fns else None
         timed = interleave(fns, device, min_time_s=0.0, warmup=1, min_rounds=rounds, max_rounds=rounds, clock=clock)
+        for line in warn_if_compiled(timed.compiles, "[head-compile]"):
+            print(line, flush=True)
         rows = {}
         for name, fn in fns.items():
             st = timed.stats(name)
             row = {"p20_ms": st.p20, "p50_ms": st.p50, "p80_ms": st.p80, "min_ms": st.min, "rounds": st.n, "first_call_s": compile_s[name]}
+            row["compiles_while_timed"] = timed.compiles[name]
             if reference is not None:
                 ratio = timed.ratio("eager", name)
                 row.update(speedup_vs_eager=ratio.p50, speedup_p20=ratio.p20, speedup_p80=ratio.p80)

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from margrpo.bench.machine import machine_description
+from margrpo.bench.compiles import warn_if_compiled
 from margrpo.bench.timing import interleave, synchronize
 from margrpo.grpo.advantages import group_advantages
 from margrpo.heads.upstream import eager_denoise_logprob, eager_multi_seed_denoise
@@ -346,7 +347,10 @@ def bench_nova(device: torch.device | str, settings: NovaBenchSettings | None = 
             "p80": ratio.p80,
             "per_round": timed.ratio_samples("reference", "fused"),
             "order": timed.order,
+            "compiles_while_timed": timed.compiles,
         }
+        for line in warn_if_compiled(timed.compiles, f"[bench_nova] {what}"):
+            print(line, flush=True)
         for path in paths:
             ms = timed.stats(path).p50
             rows.append(
@@ -356,6 +360,7 @@ def bench_nova(device: torch.device | str, settings: NovaBenchSettings | None = 
                     "images": settings.batch,
                     "ms": ms,
                     "rounds_ms": timed.times[path],
+                    "compiles_while_timed": timed.compiles[path],
                     "images_per_s": settings.batch / (ms / 1e3),
                     "peak_gib": peaks[path],
                 }

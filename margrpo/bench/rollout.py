@@ -45,6 +45,7 @@ from torch import nn
 from margrpo.bench import memory
 from margrpo.bench.denoise import CASES, build, make_sampler
 from margrpo.bench.machine import JsonReport, header, load_average, split_choices
+from margrpo.bench.compiles import warn_if_compiled
 from margrpo.bench.timing import Timed, interleave
 from margrpo.heads.upstream import eager_multi_seed_denoise
 from margrpo.models.base import PromptBatch
@@ -252,7 +253,9 @@ def run(
                     warm()
         timed = interleave(fns, device, min_time_s=0.0, warmup=0, min_rounds=repeats, max_rounds=repeats)
         if groups is not None:
-            groups.append({"model": model, "rounds": len(timed.order), "order": timed.order})
+            groups.append({"model": model, "rounds": len(timed.order), "order": timed.order, "compiles_while_timed": timed.compiles})
+        for line in warn_if_compiled(timed.compiles, f"[rollout] {model}"):
+            print(line, flush=True)
         for path in timed.times:
             st = timed.stats(path)
             ratio = timed.ratio("reference", path) if "reference" in timed.times else None

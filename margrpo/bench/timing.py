@@ -9,7 +9,9 @@ calls of one round ran moments apart, under the same load) and summarised by the
 20th / 80th percentiles of those paired ratios: it holds when the absolute times do not.
 
 A method may have an untimed `setup` run just before each of its timed calls (a backward pass
-needs a fresh forward graph, which must not count).
+needs a fresh forward graph, which must not count). JIT compiles inside the timed calls (a Triton
+kernel variant or a torch.compile graph the warm-up did not build) are counted per method
+(margrpo.bench.compiles), so a report can say its figures are clean.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ import random
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+
+from .compiles import CompileWatch
 
 # the clock around each timed CPU call (tests replace it to see what falls inside the timed region)
 _now = time.perf_counter
@@ -69,6 +73,9 @@ class Interleaved:
 
     times: dict[str, list[float]]
     order: list[list[str]]
+    # per method: {"triton": kernel variants, "graphs": torch.compile graphs, "kernels": names} compiled
+    # inside its timed calls (zeros when the warm-up covered everything)
+    compiles: dict[str, dict] = field(default_factory=dict)
 
     def stats(self, name: str) -> Stats:
         return stats(self.times[name])
@@ -82,21 +89,29 @@ class Interleaved:
         return stats(self.ratio_samples(base, name))
 
 
-def _call_ms(timed: Timed, device: torch.device, clock: Callable[[], float] | None = None) -> float:
+def _call_ms(
+    timed: Timed, device: torch.device, clock: Callable[[], float] | None = None, watch: CompileWatch | None = None, name: str = ""
+) -> float:
     state = timed.setup() if timed.setup else None
     args = () if timed.setup is None else (state,)
-    if device.type == "cuda":
-        synchronize(device)  # the setup's queued work must not land in the timed region
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+    if watch is not None:
+        watch.start(name)  # the setup's compiles are not the timed call's
+    try:
+        if device.type == "cuda":
+            synchronize(device)  # the setup's queued work must not land in the timed region
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            timed.call(*args)
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end)
+        now = clock or _now
+        begin = now()
         timed.call(*args)
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end)
-    now = clock or _now
-    begin = now()
-    timed.call(*args)
-    return (now() - begin) * 1e3
+        return (now() - begin) * 1e3
+    finally:
+        if watch is not None:
+            watch.stop()
 
 
 def interleave(
@@ -131,12 +146,14 @@ def interleave(
     gc.collect()
     gc.disable()
     try:
-        start_all = time.monotonic()
-        while len(result.order) < min_rounds or (time.monotonic() - start_all < budget and len(result.order) < max_rounds):
-            shuffle(names)
-            result.order.append(list(names))
-            for name in names:
-                result.times[name].append(_call_ms(methods[name], device, clock))
+        with CompileWatch() as watch:
+            start_all = time.monotonic()
+            while len(result.order) < min_rounds or (time.monotonic() - start_all < budget and len(result.order) < max_rounds):
+                shuffle(names)
+                result.order.append(list(names))
+                for name in names:
+                    result.times[name].append(_call_ms(methods[name], device, clock, watch, name))
+        result.compiles = {name: watch.report(name) for name in methods}
     finally:
         if gc_was_enabled:
             gc.enable()
