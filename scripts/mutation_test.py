@@ -432,22 +432,6 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_compile_head.py",),
     ),
     Mutant(
-        "adaln_kernels_specialise_token_counts",
-        "kernels/adaln.py",
-        'ROW_COUNTS = ["B", "N"]',
-        "ROW_COUNTS = []",
-        "the adaLN kernels compile a variant per token-count class (1, multiple of 16, other): compiles inside timed steps",
-        ("tests/test_kernel_specialization.py",),
-    ),
-    Mutant(
-        "consistency_kernel_specialises_row_count",
-        "kernels/consistency.py",
-        '@triton.jit(do_not_specialize=["M"])',
-        "@triton.jit",
-        "the consistency kernel compiles a variant per row-count class (1, multiple of 16, other)",
-        ("tests/test_kernel_specialization.py",),
-    ),
-    Mutant(
         "compile_head_auto_compiles_on_cpu",
         "margrpo/rollout/config.py::RolloutConfig.compiles_head",
         'return torch.device(device).type == "cuda" and not self.cuda_graph',
