@@ -10,7 +10,10 @@ widths and strides that let the loads vectorise still specialised as multiples o
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -125,3 +128,47 @@ def test_adaln_one_compile_across_trajectories_and_halves(fn, monkeypatch):
     for trajectories, halves in ((1, 1), (4, 2), (4, 1), (1, 16), (3, 5)):
         _adaln(fn, False)(37, trajectories, halves)
     assert len({_key(kernel, args, kwargs) for args, kwargs in recorder.calls}) == 1
+
+
+_VECTOR_SCRIPT = r"""
+import json, re, sys
+import torch
+from triton.backends.compiler import BaseBackend, GPUTarget
+from triton.compiler import ASTSource, compile
+from triton.runtime.jit import create_function_from_signature
+from margrpo.kernels import adaln
+
+kernel = adaln._ln_modulate_kernel
+binder = create_function_from_signature(kernel.signature, kernel.params, BaseBackend)
+report = {}
+for rows in (37, 48):
+    x = torch.randn(3, 2, rows, 1280, dtype=torch.bfloat16)  # NOVA's head width
+    mod = torch.randn(2, rows, 1280, dtype=torch.bfloat16)
+    calls = []
+    adaln._ln_modulate_kernel = type("K", (), {"__getitem__": lambda self, grid: lambda *a, **k: calls.append((a, k))})()
+    adaln.ln_modulate(x, mod, mod)
+    adaln._ln_modulate_kernel = kernel
+    args, kwargs = calls[0]
+    params, specialization, _ = binder(*args, **kwargs)
+    names = list(params)
+    constexprs = {n: kwargs[n] for n in ("HAS_AFFINE", "FP64", "BLOCK_W")}
+    signature = {n: "constexpr" if n in constexprs else s[0] for n, s in zip(names, specialization)}
+    # what a launch with these arguments compiles: Triton's specialisation as compile attributes
+    attrs = {(i,): [["tt.divisibility", 16]] for i, (n, s) in enumerate(zip(names, specialization)) if n not in constexprs and s[1] == "D"}
+    ptx = compile(ASTSource(kernel, signature, constexprs, attrs), target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+    report[rows] = {"vector_loads": len(re.findall(r"ld\.global(?:\.\w+)*\.v\d", ptx)), "loads": len(re.findall(r"ld\.global", ptx))}
+print(json.dumps(report))
+"""
+
+
+def test_unspecialised_token_count_keeps_the_vector_loads():
+    """The widths and strides that stay specialised are what lets the loads vectorise: compiled for
+    Hopper with the specialisation of a real launch (NOVA's width, 37 and 48 tokens), the adaLN kernel
+    loads in vectors, and the same code for both counts. In a fresh process: code generation cannot run
+    where triton was imported under TRITON_INTERPRET=1."""
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    done = subprocess.run([sys.executable, "-P", "-c", _VECTOR_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["37"] == report["48"], report
+    assert report["37"]["vector_loads"] > 0 and report["37"]["vector_loads"] == report["37"]["loads"], report
