@@ -39,11 +39,16 @@
 #                                 (fullgraph) / fused+compile_head (the rollout's default on CUDA) of
 #                                 NOVA-0.6B's head (N 64, T 25) and the tiny head,
 #                                 interleaved (OUT/compile.json)
-#   profile  40 s limit (not yet run on a GPU)  margrpo.bench.nova_profile: one fused NOVA-0.6B GRPO step
-#                                 (16 mask steps, 3 recorded, 4 images, bf16) split by phase: time,
-#                                 FLOPs, MFU against the card's dense bf16 peak (OUT/profile.json)
-#   rewards  25 s limit, ~27 s    hps, jpeg, aesthetic, pickscore at full size in bf16 (random weights
-#                                 drawn on the GPU)
+#   profile  55 s limit (not yet run on a GPU)  margrpo.bench.nova_profile: after a warm-up step on a
+#                                 4-mask-step schedule (it compiles the head's graphs), one fused NOVA-0.6B
+#                                 GRPO step (16 mask steps, 3 recorded, 4 images, bf16) split by phase:
+#                                 time, FLOPs, MFU against the card's dense bf16 peak; the same step traced
+#                                 by torch.profiler: the top 30 kernels, the launches and the fraction of
+#                                 the step the GPU was busy (a low one: the host is the bottleneck)
+#                                 (OUT/profile.json)
+#   rewards  10 s limit, ~27 s    hps, jpeg, aesthetic, pickscore at full size in bf16 (random weights
+#                                 drawn on the GPU); runs 1-2 measured all four, so it gives its time to
+#                                 the profile and keeps the rows it finishes
 #   ops      25 s limit, ~25 s    every op on every backend at the nova and steps-x16 shapes, eager and
 #                                 torch.compile, forward and forward + backward (--modes; backward alone
 #                                 is their difference, left out to fit); then the backend table of `auto`
@@ -70,7 +75,7 @@ fi
 ALL=(setup kernels step rollout denoise compile profile rewards ops)
 PHASES=("$@")
 [ ${#PHASES[@]} -eq 0 ] && PHASES=("${ALL[@]}")
-declare -A LIMIT=([setup]=95 [kernels]=75 [step]=126 [rollout]=32 [denoise]=27 [compile]=30 [profile]=40 [rewards]=25 [ops]=25)
+declare -A LIMIT=([setup]=95 [kernels]=75 [step]=126 [rollout]=32 [denoise]=27 [compile]=30 [profile]=55 [rewards]=10 [ops]=25)
 NOVA_SHARE=66  # seconds of LIMIT[step] for step_nova; step_harmon gets the rest
 for phase in "${PHASES[@]}"; do
   [ -n "${LIMIT[$phase]:-}" ] || { echo "run.sh: unknown phase '$phase', expected some of: ${ALL[*]}" >&2; exit 2; }
@@ -94,7 +99,7 @@ if [ $SMOKE = 1 ]; then
   DENOISE=(--cases harmon-mar_h,nova-d3w1280 --tokens 8 --steps 2 --repeats 1 --methods fused,eager)
   COMPILE=(--cases tiny --tokens 4 --steps 2 --explain-only)  # compiling on a shared CPU takes minutes
   PROFILE=(--preset nova-tiny --dtype float32 --mask-steps 4 --record-mask-steps 2 --record-diffusion-steps 2
-           --diffusion-steps 4 --num-seeds 2 --paths fused)
+           --diffusion-steps 4 --num-seeds 2 --paths fused --warmup-mask-steps 3 --kernels 5)
   ROLLOUT=(--models harmon,nova,tiny --batch 1 --tokens 16 --mask-steps 3 --diffusion-steps 2 --repeats 1
            --warmup-mask-steps 2)
   NOVA=(--tiny --dtype bfloat16 --autocast)
@@ -106,7 +111,7 @@ else
   OPS=(--shapes nova,steps-x16 --modes forward,full --min-time 0.03)
   DENOISE=(--cases harmon-mar_h --repeats 3)
   COMPILE=(--cases nova,tiny --tokens 64 --steps 25 --rounds 5 --threads 0 --clock wall)
-  PROFILE=(--mask-steps 16 --record-mask-steps 3 --group-size 4 --paths fused)
+  PROFILE=(--mask-steps 16 --record-mask-steps 3 --group-size 4 --paths fused --warmup-mask-steps 4 --kernels 30)
   ROLLOUT=(--models harmon,nova --mask-steps 8 --warmup-mask-steps 2 --repeats 1)
   NOVA=(--mask-steps 16 --record-mask-steps 3 --warmup-mask-steps 4)
   HARMON=(--mask-steps 16 --record-mask-steps 3 --warmup-mask-steps 4)

@@ -23,7 +23,13 @@ thread, so the load others put on a shared machine does not count (wall time is 
 on CUDA: wall time with a synchronisation at every phase boundary. MFU = FLOPs / (time x the stated
 peak: one core on CPU, the card on CUDA; PEAK_GFLOPS).
 
-    python -m margrpo.bench.nova_profile --mask-steps 4 --record-mask-steps 2 --json out.json
+Each path first runs one step on a short schedule (--warmup-mask-steps), untimed: a first step
+compiles (Triton kernels; on CUDA the head's torch.compile graphs) and would report compile time as
+its phases'. The JIT compiles left inside the profiled step are reported beside it. --kernels N
+traces the profiled step with torch.profiler too (margrpo.bench.kernel_profile): the top N kernels by
+device time, the launches, and how much of the step the GPU was busy.
+
+    python -m margrpo.bench.nova_profile --mask-steps 4 --record-mask-steps 2 --kernels 30 --json out.json
 """
 
 from __future__ import annotations
@@ -282,16 +288,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", help="cpu (thread CPU time, one torch thread) or cuda (synchronised wall time)")
     parser.add_argument("--peak-gflops", type=float, default=None, help="the peak for MFU (default: PEAK_GFLOPS of the device kind)")
     parser.add_argument("--no-flops", action="store_true", help="time only (no FlopCounterMode)")
+    parser.add_argument(
+        "--warmup-mask-steps",
+        type=int,
+        default=4,
+        help="before each path's profiled step, one step of it on a schedule of this many mask steps (0: none; else >= 3, "
+        "for a recorded step): "
+        "the first step compiles (Triton kernels, the head's torch.compile graphs on CUDA)",
+    )
+    parser.add_argument(
+        "--kernels",
+        type=int,
+        default=0,
+        help="also trace the profiled step with torch.profiler and list this many top kernels (0: no trace)",
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
+    if 0 < args.warmup_mask_steps < 3:
+        parser.error(
+            f"--warmup-mask-steps: got {args.warmup_mask_steps}, expected 0 (no warm-up) or >= 3 (a schedule with a recorded step)"
+        )
     device = torch.device(args.device)
     if args.peak_gflops is None:
         args.peak_gflops = PEAK_GFLOPS[device.type]
     if device.type == "cpu":
         torch.set_num_threads(1)
 
+    from margrpo.bench.compiles import CompileWatch, warn_if_compiled
+    from margrpo.bench.kernel_profile import activities, format_summary, summarize
     from margrpo.bench.machine import header, machine_description
-    from margrpo.bench.models import NovaBenchSettings, _nova_trainer, trainer_reference_step
+    from margrpo.bench.models import NovaBenchSettings, _nova_trainer, train_step_on, trainer_reference_step
     from margrpo.models import nova
     from margrpo.rollout import choose_plan, effective_steps, mask_schedule
 
@@ -327,34 +353,61 @@ def main(argv: list[str] | None = None) -> int:
         if device.type == "cpu":
             torch.set_num_threads(1)  # after the trainer, which applies run.threads
         report["settings"]["config"] = {k: v for k, v in dataclasses.asdict(trainer.config.grpo).items() if not isinstance(v, dict)}
+        short = settings.rollout_config(args.warmup_mask_steps) if args.warmup_mask_steps else None
         for path in paths:
             clock = PhaseClock(None if args.no_flops else FlopCounterMode(display=False), device)
             if path == "fused":
-                with instrumented(clock, trainer.policy, trainer.ref_policy, trainer=trainer):
-                    totals = profile_step(trainer.train_step, clock)
+                warm = None if short is None else functools.partial(train_step_on, trainer, short)
+                step, watched = (
+                    trainer.train_step,
+                    functools.partial(instrumented, clock, trainer.policy, trainer.ref_policy, trainer=trainer),
+                )
             elif path == "reference":
                 optimizer = torch.optim.AdamW(trainer.policy.trainable_parameters(), lr=1e-6)
-                config = settings.rollout_config()
-                plan = choose_plan(
-                    counts, sampler, config.record_mask_steps, config.record_diffusion_steps, torch.Generator().manual_seed(0)
-                )
-                prompts = settings.batch_prompts
-                generator = torch.Generator().manual_seed(0)
+                prompts, generator = settings.batch_prompts, torch.Generator().manual_seed(0)
                 reward = clock.wrap(trainer.reward, lambda *a, **kw: "reward")
 
-                with instrumented(clock, trainer.policy, trainer.ref_policy, optimizer=optimizer):
-                    totals = profile_step(
-                        lambda: trainer_reference_step(trainer, optimizer, prompts, config, sampler, plan, generator, reward),
-                        clock,
+                def reference(config, reward, prompts=prompts, optimizer=optimizer, generator=generator):
+                    steps = mask_schedule(backbone.num_tokens, config.num_mask_steps, "nova")
+                    plan = choose_plan(
+                        steps, sampler, config.record_mask_steps, config.record_diffusion_steps, torch.Generator().manual_seed(0)
                     )
+                    trainer_reference_step(trainer, optimizer, prompts, config, sampler, plan, generator, reward)
+
+                warm = None if short is None else functools.partial(reference, short, trainer.reward)
+                step = functools.partial(reference, settings.rollout_config(), reward)
+                watched = functools.partial(instrumented, clock, trainer.policy, trainer.ref_policy, optimizer=optimizer)
             else:
                 raise SystemExit(f"--paths: got {path!r}, expected fused or reference")
+            warmup_s = None
+            if warm is not None:
+                start = time.perf_counter()
+                warm()
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                warmup_s = time.perf_counter() - start
+                print(f"[nova_profile] {path}: warm-up step ({short.num_mask_steps} mask steps) {warmup_s:.1f} s", flush=True)
+            tracing = torch.profiler.profile(activities=activities(device)) if args.kernels else contextlib.nullcontext()
+            with CompileWatch() as watch, tracing as trace:
+                watch.start(path)
+                with watched():
+                    totals = profile_step(step, clock)
+                watch.stop()
             rows = table(clock, totals, args.peak_gflops)
-            report["paths"][path] = {"totals": totals, "rows": rows}
+            compiles = watch.report(path)
+            report["paths"][path] = {"totals": totals, "rows": rows, "warmup_s": warmup_s, "compiles_while_profiled": compiles}
+            for line in warn_if_compiled({path: compiles}, "[nova_profile]"):
+                print(line, flush=True)
             report["rows"] = [{"path": p, **row} for p, result in report["paths"].items() for row in result["rows"]]
             print(f"\n{path}: one step\n{format_rows(rows, totals, args.peak_gflops)}", flush=True)
-            if args.json:
+            if args.json:  # before the trace's summary, which takes seconds on a GPU's tens of thousands of kernels
                 Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+            if args.kernels:
+                kernels = summarize(trace.events(), totals["total_wall_s"], device, args.kernels)
+                report["paths"][path]["kernels"] = kernels
+                print(f"\n{path}: {format_summary(kernels)}", flush=True)
+                if args.json:
+                    Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps(report["head_flops_per_row_step"]))
     return 0
 
