@@ -7,6 +7,9 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -191,3 +194,20 @@ def test_ops_phase_times_forward_and_full_only():
     for options in settings:
         modes = re.search(r"--modes (\S+)", options).group(1)
         assert split_choices(modes, MODES, "modes") == ("forward", "full")
+
+
+def test_summary_prints_the_profile_kernel_trace(tmp_path):
+    from margrpo.bench.kernel_profile import summarize
+
+    kernel = torch.autograd.DeviceType.CUDA
+    events = [SimpleNamespace(name="sm90_gemm", device_type=kernel, time_range=SimpleNamespace(start=0, end=3000), self_cpu_time_total=0)]
+    trace = summarize(events, wall_s=0.01, device=torch.device("cuda"))
+    phases = [{"phase": "backward", "calls": 3, "thread_s": 0.01}]
+    (tmp_path / "profile.json").write_text(
+        json.dumps({"machine": "H100", "rows": phases, "paths": {"fused": {"rows": phases, "kernels": trace}}})
+    )
+    out = subprocess.run(
+        [sys.executable, "-P", str(ROOT / "benchmarks" / "gpu" / "summarize.py"), str(tmp_path)], capture_output=True, text=True, check=True
+    ).stdout
+    assert "| backward | 3 | 0.01 |" in out
+    assert "fused: kernels by device time" in out and "(30%)" in out and "| sm90_gemm | 1 | 3.00 | 100.0% |" in out

@@ -70,6 +70,21 @@ def _compiles(data) -> list[str]:
     return sorted(found)
 
 
+def _kernel_tables(data) -> str:
+    """For the profile: each path's kernel trace (top kernels, launches, how busy the GPU was)."""
+    paths = data.get("paths") if isinstance(data, dict) else None
+    if not isinstance(paths, dict):
+        return ""
+    from margrpo.bench.kernel_profile import format_summary
+
+    parts = [
+        f"{path}: {format_summary(result['kernels'])}"
+        for path, result in paths.items()
+        if isinstance(result, dict) and result.get("kernels")
+    ]
+    return "".join(f"\n\n{part}" for part in parts)
+
+
 def summarize(out: Path) -> str:
     parts = [f"# GPU run: {out}"]
     status = out / "status.txt"
@@ -108,7 +123,7 @@ def summarize(out: Path) -> str:
                 extra += "\n\nCOMPILED WHILE TIMED (these times include JIT compiles):\n" + "\n".join(f"- {c}" for c in compiled)
             parts.append(
                 f"## {path.stem}\n{_cell(machine) if not isinstance(machine, dict) else json.dumps(machine)}"
-                f"\n\n{table(rows)}{extra}{_losses(path.stem, rows)}"
+                f"\n\n{table(rows)}{extra}{_losses(path.stem, rows)}{_kernel_tables(data)}"
             )
     return "\n\n".join(parts)
 
