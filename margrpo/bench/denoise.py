@@ -32,8 +32,8 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from margrpo.bench.machine import JsonReport, header, split_choices
 from margrpo.bench.compiles import warn_if_compiled
+from margrpo.bench.machine import JsonReport, header, split_choices
 from margrpo.bench.timing import interleave
 from margrpo.diffusion import DDPMSampler, mar_sampler
 from margrpo.heads import Guidance, mar_head, multi_seed_denoise, nova_head

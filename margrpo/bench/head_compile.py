@@ -37,8 +37,8 @@ from dataclasses import dataclass
 
 import torch
 
-from margrpo.bench.machine import JsonReport, header, split_choices
 from margrpo.bench.compiles import warn_if_compiled
+from margrpo.bench.machine import JsonReport, header, split_choices
 from margrpo.bench.timing import interleave
 
 METHODS = ("eager", "eager+compile", "fused", "fused+compile", "fused+compile_head")
@@ -60,7 +60,8 @@ class Setup:
 
 def build_case(name: str, tokens: int, steps: int, device: torch.device) -> Setup:
     """The head (random weights, frozen), its sampler, z ([2N, Dz] with CFG) and noise [T+1, K+1, N, C]."""
-    from margrpo.bench.denoise import CASES as DENOISE_CASES, build, make_inputs, make_sampler
+    from margrpo.bench.denoise import CASES as DENOISE_CASES
+    from margrpo.bench.denoise import build, make_inputs, make_sampler
     from margrpo.diffusion import FlowSDESampler
     from margrpo.models.tiny import TinyMAR, TinyMARConfig
 

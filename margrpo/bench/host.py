@@ -29,13 +29,13 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from margrpo.bench.machine import header, load_average, machine_description, split_choices
-from margrpo.bench.timing import interleave
-from margrpo.bench.op_counts import count_ops
 from margrpo import ops
+from margrpo.bench.machine import header, load_average, machine_description, split_choices
+from margrpo.bench.op_counts import count_ops
+from margrpo.bench.timing import interleave
 from margrpo.heads import Guidance, mar_head, nova_head
-from margrpo.ops import _backend, _kernels
 from margrpo.heads.multi_seed import guided_output
+from margrpo.ops import _backend, _kernels
 
 SECTIONS = ("ops", "heads")  # heads: the adaln and launches tables
 # (name, head builder, K seed trajectories, guidance) at the real sizes of margrpo.bench.denoise

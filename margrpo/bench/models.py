@@ -29,8 +29,8 @@ from pathlib import Path
 
 import torch
 
-from margrpo.bench.machine import machine_description
 from margrpo.bench.compiles import warn_if_compiled
+from margrpo.bench.machine import machine_description
 from margrpo.bench.timing import interleave, synchronize
 from margrpo.grpo.advantages import group_advantages
 from margrpo.heads.upstream import eager_denoise_logprob, eager_multi_seed_denoise

@@ -21,10 +21,10 @@ that caused it (`sites`), so a regression names its place.
 from __future__ import annotations
 
 import traceback
-from pathlib import Path
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch.overrides import TorchFunctionMode

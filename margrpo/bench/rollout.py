@@ -43,9 +43,9 @@ import torch
 from torch import nn
 
 from margrpo.bench import memory
+from margrpo.bench.compiles import warn_if_compiled
 from margrpo.bench.denoise import CASES, build, make_sampler
 from margrpo.bench.machine import JsonReport, header, load_average, split_choices
-from margrpo.bench.compiles import warn_if_compiled
 from margrpo.bench.timing import Timed, interleave
 from margrpo.heads.upstream import eager_multi_seed_denoise
 from margrpo.models.base import PromptBatch

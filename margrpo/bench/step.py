@@ -37,8 +37,8 @@ from pathlib import Path
 import torch
 
 from margrpo.bench.machine import header, machine_description
-from margrpo.bench.timing import Interleaved, interleave
 from margrpo.bench.models import nova_reference_rollout, nova_reference_update
+from margrpo.bench.timing import Interleaved, interleave
 from margrpo.rollout import effective_steps, mask_schedule
 from margrpo.train.config import TrainerConfig, load_config
 from margrpo.train.step import record_plan, step_prompts
