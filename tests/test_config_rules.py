@@ -48,6 +48,7 @@ BAD = [
     ("grpo.pixels_per_token", ["grpo.pixels_per_token=0"]),
     ("grpo.clip_eps", ["grpo.clip_eps=-0.1"]),
     ("rollout.record_mask_steps", ["rollout.num_mask_steps=8", "rollout.record_mask_steps=9"]),
+    ("rollout.record_mask_steps", ["rollout.record_mask_steps=0"]),  # crashed in the update
     ("rollout.record_diffusion_steps", ["backbone.diffusion_steps=20", "rollout.record_diffusion_steps=21"]),
     ("rollout.num_diffusion_steps", ["rollout.num_diffusion_steps=5"]),  # ignored: the trainer's sampler
     ("run.seed", ["run.seed=-1"]),
