@@ -512,6 +512,15 @@ def test_gpu_benchmark_warm_up_compiles_what_the_timed_step_runs(tmp_path):
     torch._dynamo.reset()
 
 
+def test_gpu_benchmark_refuses_a_schedule_without_a_recorded_step():
+    from margrpo.bench.models import NovaBenchSettings
+
+    for name in ("mask_steps", "warmup_mask_steps"):
+        with pytest.raises(ValueError, match=f"{name}: got 2, expected >= 3"):
+            dataclasses.replace(NovaBenchSettings.tiny(), **{name: 2})
+    assert NovaBenchSettings.tiny().rollout_config(3).record_mask_steps == 1
+
+
 def test_gpu_benchmark_passes_compile_head_to_the_trainer(tmp_path):
     from margrpo.bench.models import NovaBenchSettings, nova_bench_config
 

@@ -65,6 +65,12 @@ class NovaBenchSettings:
     bf16: bool | None = None  # the trainer's optim.bf16 (autocast); None: on CUDA only
     compile_head: bool | str = "auto"  # the fused rollout's rollout.compile_head (auto: compiled on CUDA)
 
+    def __post_init__(self) -> None:
+        # rollout_config records min(record_mask_steps, steps - 2) mask steps, and a step needs one
+        for name in ("mask_steps", "warmup_mask_steps"):
+            if getattr(self, name) < 3:
+                raise ValueError(f"{name}: got {getattr(self, name)}, expected >= 3 (a schedule with a recorded mask step)")
+
     @classmethod
     def tiny(cls) -> "NovaBenchSettings":
         """CPU-sized: the tiny preset, a few steps (checks the benchmark itself)."""
