@@ -48,7 +48,6 @@ BAD = [
     ("grpo.pixels_per_token", ["grpo.pixels_per_token=0"]),
     ("grpo.clip_eps", ["grpo.clip_eps=-0.1"]),
     ("rollout.record_mask_steps", ["rollout.num_mask_steps=8", "rollout.record_mask_steps=9"]),
-    ("rollout.record_mask_steps", ["rollout.record_mask_steps=0"]),  # crashed in the update
     ("rollout.record_diffusion_steps", ["backbone.diffusion_steps=20", "rollout.record_diffusion_steps=21"]),
     ("rollout.num_diffusion_steps", ["rollout.num_diffusion_steps=5"]),  # ignored: the trainer's sampler
     ("run.seed", ["run.seed=-1"]),
@@ -106,6 +105,8 @@ def _start(*extra: str) -> Trainer:
             ["rollout.likelihood_positions=unknown", "rollout.known_mask=post_step", "rollout.record_mask_steps=4"],
             "expected 0..3",
         ),
+        # records nothing to train on (passed every check, then crashed in the update)
+        ("rollout.record_mask_steps", ["rollout.record_mask_steps=0"], "expected >= 1 to train"),
         ("rewards", ["rewards={no_such_reward: 1.0}"], "unknown name 'no_such_reward'"),
         ("rewards", ["rewards={shapes: {weight: 1.0, colour: red}}"], "unknown option(s) colour"),
     ],
@@ -117,6 +118,12 @@ def test_model_and_file_bounds_fail_when_the_trainer_starts(tmp_path, key, extra
     with pytest.raises(ConfigError) as err:
         _start(*(re.sub("EMPTY|MISSING", lambda m: paths[m.group()], e) for e in extra))
     assert str(err.value).startswith(f"{key}: ") and message in str(err.value), str(err.value)
+
+
+def test_a_config_recording_nothing_still_evaluates():
+    config = load_config(None, ["run.tensorboard=false", "rollout.num_mask_steps=4", "rollout.record_mask_steps=0", "run.resume=never"])
+    trainer = Trainer(config, create_run_dir=False, evaluation_only=True)
+    assert trainer.config.rollout.record_mask_steps == 0
 
 
 def test_null_grad_clip_is_no_clipping():

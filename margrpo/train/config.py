@@ -188,11 +188,6 @@ RULES = (
         "at most rollout.num_mask_steps (only steps of the schedule can be recorded)",
     ),
     Rule(
-        "rollout.record_mask_steps",
-        lambda v, c: v >= 1,
-        ">= 1 in a trainer config (the update trains on the recorded mask steps; 0 records nothing to train on)",
-    ),
-    Rule(
         "rollout.record_diffusion_steps",
         lambda v, c: c.backbone.diffusion_steps is None or v <= c.backbone.diffusion_steps,
         "at most backbone.diffusion_steps when that is set (only steps of the chain can be recorded)",

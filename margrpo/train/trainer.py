@@ -98,7 +98,7 @@ class Trainer:
             self.sampler = self.policy.make_sampler(config.backbone.diffusion_steps)
         except ValueError as err:  # more steps than the model's chain has: known only with the model
             raise ConfigError(f"backbone.diffusion_steps: {err}") from err
-        self._check_recordable()
+        self._check_recordable(evaluation_only)
         if config.rollout.num_seeds and not config.grpo.mte and self.is_main:
             print(
                 f"[margrpo] warning: rollout.num_seeds is {config.rollout.num_seeds} but grpo.mte is false: the rollout "
@@ -192,9 +192,16 @@ class Trainer:
 
         return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
-    def _check_recordable(self) -> None:
+    def _check_recordable(self, evaluation_only: bool = False) -> None:
         """The recorded steps must exist in this model's schedule and sampler: known only now, with
-        the model loaded, and checked before any work."""
+        the model loaded, and checked before any work. Training needs at least one (a config that
+        records none still samples and evaluates)."""
+        recorded = self.config.rollout.record_mask_steps
+        if recorded < 1 and not evaluation_only:
+            raise ConfigError(
+                f"rollout.record_mask_steps: got {recorded}, expected >= 1 to train (the update trains on the recorded mask "
+                "steps; 0 records nothing, which only sampling and evaluation accept)"
+            )
         steps, tokens = self.config.rollout.num_mask_steps, self.policy.num_tokens
         if steps > tokens:  # before the schedule, whose cost grows with the steps whatever the tokens
             raise ConfigError(
