@@ -42,9 +42,9 @@
 #   profile  55 s limit (not yet run on a GPU)  margrpo.bench.nova_profile: after a warm-up step on a
 #                                 4-mask-step schedule (it compiles the head's graphs), one fused NOVA-0.6B
 #                                 GRPO step (16 mask steps, 3 recorded, 4 images, bf16) split by phase:
-#                                 time, FLOPs, MFU against the card's dense bf16 peak; the same step traced
-#                                 by torch.profiler: the top 30 kernels, the launches and the fraction of
-#                                 the step the GPU was busy (a low one: the host is the bottleneck)
+#                                 time, FLOPs, MFU against the card's dense bf16 peak; then one more step,
+#                                 uninstrumented, traced by torch.profiler: the top 30 kernels, the launches
+#                                 and the fraction of the step the GPU was busy (low: the host is the bottleneck)
 #                                 (OUT/profile.json)
 #   rewards  10 s limit, ~27 s    hps, jpeg, aesthetic, pickscore at full size in bf16 (random weights
 #                                 drawn on the GPU); runs 1-2 measured all four, so it gives its time to

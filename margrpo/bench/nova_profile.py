@@ -26,8 +26,8 @@ peak: one core on CPU, the card on CUDA; PEAK_GFLOPS).
 Each path first runs one step on a short schedule (--warmup-mask-steps), untimed: a first step
 compiles (Triton kernels; on CUDA the head's torch.compile graphs) and would report compile time as
 its phases'. The JIT compiles left inside the profiled step are reported beside it. --kernels N
-traces the profiled step with torch.profiler too (margrpo.bench.kernel_profile): the top N kernels by
-device time, the launches, and how much of the step the GPU was busy.
+traces one more step with torch.profiler, uninstrumented (margrpo.bench.kernel_profile): the top N
+kernels by device time, the launches, and how much of the step the GPU was busy.
 
     python -m margrpo.bench.nova_profile --mask-steps 4 --record-mask-steps 2 --kernels 30 --json out.json
 """
@@ -213,6 +213,24 @@ def profile_step(run_step, clock: PhaseClock) -> dict:
     return {"total_thread_s": total_thread, "total_wall_s": total_wall}
 
 
+def traced_step(run_step, device: torch.device, top: int) -> dict:
+    """One more step, uninstrumented (no FLOP counter, no phase synchronisations, which would inflate
+    the host's share), traced by torch.profiler: margrpo.bench.kernel_profile's summary of it, with
+    the compiles inside it."""
+    from margrpo.bench.compiles import CompileWatch
+    from margrpo.bench.kernel_profile import activities, summarize
+
+    with CompileWatch() as watch, torch.profiler.profile(activities=activities(device)) as trace:
+        watch.start("step")
+        start = time.perf_counter()
+        run_step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        wall = time.perf_counter() - start
+        watch.stop()
+    return {**summarize(trace.events(), wall, device, top), "compiles": watch.report("step")}
+
+
 def table(clock: PhaseClock, totals: dict, peak_gflops: float) -> list[dict]:
     rows = []
     all_flops = sum(clock.flops.values())
@@ -315,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(1)
 
     from margrpo.bench.compiles import CompileWatch, warn_if_compiled
-    from margrpo.bench.kernel_profile import activities, format_summary, summarize
+    from margrpo.bench.kernel_profile import format_summary
     from margrpo.bench.machine import header, machine_description
     from margrpo.bench.models import NovaBenchSettings, _nova_trainer, train_step_on, trainer_reference_step
     from margrpo.models import nova
@@ -358,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
             clock = PhaseClock(None if args.no_flops else FlopCounterMode(display=False), device)
             if path == "fused":
                 warm = None if short is None else functools.partial(train_step_on, trainer, short)
+                plain = trainer.train_step  # outside `watched` the trainer is not instrumented
                 step, watched = (
                     trainer.train_step,
                     functools.partial(instrumented, clock, trainer.policy, trainer.ref_policy, trainer=trainer),
@@ -376,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
 
                 warm = None if short is None else functools.partial(reference, short, trainer.reward)
                 step = functools.partial(reference, settings.rollout_config(), reward)
+                plain = functools.partial(reference, settings.rollout_config(), trainer.reward)
                 watched = functools.partial(instrumented, clock, trainer.policy, trainer.ref_policy, optimizer=optimizer)
             else:
                 raise SystemExit(f"--paths: got {path!r}, expected fused or reference")
@@ -387,8 +407,7 @@ def main(argv: list[str] | None = None) -> int:
                     torch.cuda.synchronize(device)
                 warmup_s = time.perf_counter() - start
                 print(f"[nova_profile] {path}: warm-up step ({short.num_mask_steps} mask steps) {warmup_s:.1f} s", flush=True)
-            tracing = torch.profiler.profile(activities=activities(device)) if args.kernels else contextlib.nullcontext()
-            with CompileWatch() as watch, tracing as trace:
+            with CompileWatch() as watch:
                 watch.start(path)
                 with watched():
                     totals = profile_step(step, clock)
@@ -403,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.json:  # before the trace's summary, which takes seconds on a GPU's tens of thousands of kernels
                 Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
             if args.kernels:
-                kernels = summarize(trace.events(), totals["total_wall_s"], device, args.kernels)
+                kernels = traced_step(plain, device, args.kernels)
                 report["paths"][path]["kernels"] = kernels
                 print(f"\n{path}: {format_summary(kernels)}", flush=True)
                 if args.json:
