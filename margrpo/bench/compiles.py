@@ -15,6 +15,7 @@ extension are compiled ahead of time and never appear.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -27,10 +28,17 @@ def _knobs():
     return knobs if hasattr(knobs.runtime, "jit_post_compile_hook") else None
 
 
-def _graphs() -> int:
+@functools.cache
+def _dynamo_counters():
+    """Dynamo's counters (imported on first use: torch._dynamo takes a second to import, and a watch
+    reads them twice around every timed call)."""
     from torch._dynamo.utils import counters
 
-    return counters["stats"]["unique_graphs"]
+    return counters
+
+
+def _graphs() -> int:
+    return _dynamo_counters()["stats"]["unique_graphs"]  # "stats" anew each time: clear() replaces it
 
 
 @dataclass

@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         "--kernels",
         type=int,
         default=0,
-        help="also trace the profiled step with torch.profiler and list this many top kernels (0: no trace)",
+        help="then trace one more step, uninstrumented, with torch.profiler and list this many top kernels (0: no trace)",
     )
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)

@@ -89,13 +89,10 @@ class Interleaved:
         return stats(self.ratio_samples(base, name))
 
 
-def _call_ms(
-    timed: Timed, device: torch.device, clock: Callable[[], float] | None = None, watch: CompileWatch | None = None, name: str = ""
-) -> float:
+def _call_ms(timed: Timed, device: torch.device, clock: Callable[[], float] | None, watch: CompileWatch, name: str) -> float:
     state = timed.setup() if timed.setup else None
     args = () if timed.setup is None else (state,)
-    if watch is not None:
-        watch.start(name)  # the setup's compiles are not the timed call's
+    watch.start(name)  # after the setup: its compiles are not the timed call's
     try:
         if device.type == "cuda":
             synchronize(device)  # the setup's queued work must not land in the timed region
@@ -110,8 +107,7 @@ def _call_ms(
         timed.call(*args)
         return (now() - begin) * 1e3
     finally:
-        if watch is not None:
-            watch.stop()
+        watch.stop()
 
 
 def interleave(
